@@ -1,0 +1,68 @@
+// The error and result types of the C++ side: a status code and the message that explains it.
+#pragma once
+
+#include <nxmem/abi/status.hpp>
+
+#include <boost/outcome/result.hpp>
+#include <boost/outcome/try.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace nxmem {
+
+// What went wrong: a stable code and a human-readable message (the plugin's own, when it came
+// from the plugin). Expected failures are values of this type, never exceptions.
+struct error {
+    status_code code = status_code::internal_error;
+    std::string message;
+
+    // "CODE: message", the form every tool prints.
+    std::string describe() const {
+        std::string text(status_code_name(code));
+        if (!message.empty()) {
+            text += ": ";
+            text += message;
+        }
+        return text;
+    }
+
+    friend bool operator==(const error&, const error&) = default;
+};
+
+// Thrown only by result<T>::value() on a failed result; hot paths test the result instead.
+class bad_result_access : public std::runtime_error {
+public:
+    explicit bad_result_access(error failure)
+        : std::runtime_error(failure.describe()), failure_(std::move(failure)) {}
+    const error& failure() const noexcept { return failure_; }
+
+private:
+    error failure_;
+};
+
+namespace detail {
+// Outcome policy: accessing the value of a failed result throws bad_result_access.
+struct throw_nxmem_error : boost::outcome_v2::policy::base {
+    template <class Impl> static constexpr void wide_value_check(Impl&& self) {
+        if (!base::_has_value(self)) {
+            throw bad_result_access(base::_error(std::forward<Impl>(self)));
+        }
+    }
+    template <class Impl> static constexpr void wide_error_check(Impl&& self) {
+        if (!base::_has_error(self)) {
+            throw std::logic_error("nxmem: error() called on a successful result");
+        }
+    }
+};
+} // namespace detail
+
+template <class T> using result = boost::outcome_v2::result<T, error, detail::throw_nxmem_error>;
+
+// A failed result with `code` and `message`.
+inline auto fail(status_code code, std::string message) {
+    return boost::outcome_v2::failure(error{code, std::move(message)});
+}
+
+} // namespace nxmem
