@@ -253,7 +253,8 @@ typedef struct NxmemReclaimRequest {
 } NxmemReclaimRequest;
 
 /* Plugin → host, from NxmemQueryUnloadReadiness: what the plugin still holds. The module may be
- * unloaded only when every count is zero. */
+ * unloaded only when every count is zero. `live_views` counts shared prefixes mapped into
+ * allocations (each a view of a prefix that the allocation's release will undo). */
 /* @layout NxmemUnloadReport size=48 align=8 since=0 */
 typedef struct NxmemUnloadReport {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */

@@ -4,7 +4,6 @@
 #include <nxmem/abi/status.hpp>
 
 #include <boost/outcome/result.hpp>
-#include <boost/outcome/try.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -66,3 +65,21 @@ inline auto fail(status_code code, std::string message) {
 }
 
 } // namespace nxmem
+
+// NXMEM_TRY(name, expression): evaluates a result; on failure returns that failure from the
+// enclosing function, else declares `name` holding the value. NXMEM_TRY_VOID(expression) for
+// result<void>. (Boost.Outcome's own TRY changed its signature between Boost versions.)
+#define NXMEM_DETAIL_CONCAT2(a, b) a##b
+#define NXMEM_DETAIL_CONCAT(a, b) NXMEM_DETAIL_CONCAT2(a, b)
+#define NXMEM_DETAIL_TRY_RESULT NXMEM_DETAIL_CONCAT(nxmem_try_result_, __LINE__)
+#define NXMEM_TRY(name, ...)                                                                       \
+    auto&& NXMEM_DETAIL_TRY_RESULT = (__VA_ARGS__);                                                \
+    if (!NXMEM_DETAIL_TRY_RESULT.has_value())                                                      \
+        return ::boost::outcome_v2::failure(std::move(NXMEM_DETAIL_TRY_RESULT).error());           \
+    auto name = std::move(NXMEM_DETAIL_TRY_RESULT).value()
+#define NXMEM_TRY_VOID(...)                                                                        \
+    do {                                                                                           \
+        auto&& nxmem_try_void_result = (__VA_ARGS__);                                              \
+        if (!nxmem_try_void_result.has_value())                                                    \
+            return ::boost::outcome_v2::failure(std::move(nxmem_try_void_result).error());         \
+    } while (false)

@@ -59,8 +59,8 @@ inline result<void> check_range(const version_range& range, std::string_view who
 // The plugin's side: the highest minor both ranges contain, or why there is none.
 inline result<negotiated_version> choose_version(const version_range& host,
                                                  const version_range& plugin) {
-    BOOST_OUTCOME_TRYV(check_range(host, "host"));
-    BOOST_OUTCOME_TRYV(check_range(plugin, "plugin"));
+    NXMEM_TRY_VOID(check_range(host, "host"));
+    NXMEM_TRY_VOID(check_range(plugin, "plugin"));
     if (host.major != plugin.major) {
         return fail(status_code::version_mismatch,
                     "host speaks major " + std::to_string(host.major) + ", plugin speaks major " +
@@ -76,7 +76,7 @@ inline result<negotiated_version> choose_version(const version_range& host,
 // The host's side: accept a plugin's reply only if it is consistent with both ranges.
 inline result<negotiated_version> check_negotiation_reply(const version_range& host,
                                                           const NxmemNegotiateResponse& reply) {
-    BOOST_OUTCOME_TRYV(check_range(host, "host"));
+    NXMEM_TRY_VOID(check_range(host, "host"));
     const version_range plugin = version_range::from_wire(reply.plugin_range);
     if (reply.major != host.major) {
         return fail(status_code::version_mismatch,

@@ -1,0 +1,10 @@
+// Everything an engine integrator needs: load a plugin, open its mechanisms per device type, use
+// them through DeviceAllocator, VirtualBacking and SharedMapping, and unload it when idle.
+#pragma once
+
+#include <nxmem/concepts.hpp>
+#include <nxmem/heap_allocator.hpp>
+#include <nxmem/host/capability_views.hpp>
+#include <nxmem/host/module.hpp>
+#include <nxmem/host/open_allocator.hpp>
+#include <nxmem/host/plugin_allocator.hpp>

@@ -1,0 +1,556 @@
+// One open plugin allocator, device-agnostic: everything the typed adapter and the capability
+// views share. It owns the plugin's allocator reference, the host callback table the plugin
+// borrows, and the record of live allocations. The module is declared first so it is destroyed
+// last: the plugin's code stays mapped until the allocator has been released.
+#pragma once
+
+#include <nxmem/abi/read_prefix.hpp>
+#include <nxmem/abi/request.hpp>
+#include <nxmem/allocation.hpp>
+#include <nxmem/host/callback_guard.hpp>
+#include <nxmem/host/completion.hpp>
+#include <nxmem/host/detail/live_table.hpp>
+#include <nxmem/host/detail/table_checks.hpp>
+#include <nxmem/host/module.hpp>
+#include <nxmem/host/reclaim.hpp>
+#include <nxmem/host/shared_prefix.hpp>
+#include <nxmem/concepts/shared_mapping.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nxmem::host::detail {
+
+class allocator_core : public std::enable_shared_from_this<allocator_core> {
+    struct private_tag {};
+
+public:
+    // Opens an allocator of `factory` on `device`. The returned core holds the plugin's reference.
+    static result<std::shared_ptr<allocator_core>> open(std::shared_ptr<plugin_module> module,
+                                                        const factory_info& factory,
+                                                        device_id device, std::string_view options,
+                                                        reclaim_function reclaim) {
+        if (!factory.serves(device.type)) {
+            return fail(status_code::wrong_device,
+                        "mechanism '" + factory.name + "' does not serve device type " +
+                            std::string(device_type_name(device.type)));
+        }
+        if (options.size() > NXMEM_MAX_OPTIONS_BYTES) {
+            return fail(status_code::invalid_argument,
+                        "options of " + std::to_string(options.size()) + " bytes exceed " +
+                            std::to_string(NXMEM_MAX_OPTIONS_BYTES));
+        }
+        const plugin_module::factory_entry* entry = module->entry_for(factory);
+        if (entry == nullptr) {
+            return fail(status_code::invalid_argument,
+                        "factory '" + factory.name + "' does not belong to " + module->path().string());
+        }
+        // Count the allocator before checking the module's state, so a concurrent try_unload
+        // either sees this allocator or this open sees the unload.
+        auto core = std::make_shared<allocator_core>(private_tag{}, module, factory, device,
+                                                     std::move(reclaim));
+        if (!module->loaded()) {
+            return fail(status_code::busy, module->path().string() + " is not loaded");
+        }
+        auto request = abi::make_struct<NxmemOpenRequest>();
+        request.device = device.to_wire();
+        request.callbacks = &core->callbacks_;
+        request.options = options.data();
+        request.options_length = options.size();
+        NxmemAllocatorVtable* raw = nullptr;
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code =
+            entry->table.open_allocator(entry->raw, &request, &raw, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code),
+                        "'" + factory.name + "' refused to open: " + abi::read_status_message(status));
+        }
+        result<void> accepted = core->accept(raw);
+        if (!accepted) {
+            abandon(raw);
+            return fail(accepted.error().code, "'" + factory.name + "' handed back an allocator "
+                                                                    "table the host refuses: " +
+                                                   accepted.error().message);
+        }
+        return core;
+    }
+
+    allocator_core(private_tag, std::shared_ptr<plugin_module> module, const factory_info& factory,
+                   device_id device, reclaim_function reclaim)
+        : module_(std::move(module)), reclaim_(std::move(reclaim)), device_(device),
+          mechanism_id_(factory.mechanism_id), mechanism_name_(factory.name) {
+        module_->tally_.allocators.fetch_add(1);
+        callbacks_ = abi::make_struct<NxmemHostCallbacks>();
+        callbacks_.abi_minor = NXMEM_ABI_MINOR;
+        callbacks_.type_tag = NXMEM_TYPE_TAG_HOST_CALLBACKS;
+        callbacks_.host_context = this;
+        callbacks_.request_reclaim = reclaim_ ? &on_request_reclaim : nullptr;
+        callbacks_.release_completed = &on_release_completed;
+    }
+
+    allocator_core(const allocator_core&) = delete;
+    allocator_core& operator=(const allocator_core&) = delete;
+
+    // Leftover allocations go back first, then the plugin's reference; the callback table is
+    // still alive throughout, and the module (declared first) outlives both.
+    ~allocator_core() {
+        if (raw_ != nullptr) {
+            for (const auto& [allocation_id, record] : live_.take_all()) {
+                NxmemAllocation described = describe(allocation_id, record);
+                NxmemStatus status = abi::make_status();
+                (void)table_.deallocate(raw_, &described, &status);
+                module_->tally_.allocations.fetch_sub(1);
+            }
+            table_.release(raw_);
+        }
+        module_->tally_.allocators.fetch_sub(1);
+    }
+
+    // ---- identity ----
+    const std::shared_ptr<plugin_module>& module() const noexcept { return module_; }
+    device_id device() const noexcept { return device_; }
+    std::uint64_t mechanism_id() const noexcept { return mechanism_id_; }
+    const std::string& mechanism_name() const noexcept { return mechanism_name_; }
+    NxmemCapabilities capabilities() const noexcept { return table_.capabilities; }
+    std::uint32_t declared_minor() const noexcept { return declared_minor_; }
+    std::uint32_t effective_minor() const noexcept { return table_.abi_minor; }
+    bool offers_reclaim() const noexcept { return static_cast<bool>(reclaim_); }
+    std::uint64_t quarantined_bytes() const noexcept { return quarantined_bytes_.load(); }
+    // The plugin's own table pointer and the host's checked copy: for conformance checks only.
+    NxmemAllocatorVtable* raw_table() const noexcept { return raw_; }
+    const NxmemAllocatorVtable& checked_table() const noexcept { return table_; }
+
+    // ---- allocation ----
+
+    result<NxmemAllocation> allocate(std::uint64_t size, std::uint64_t alignment) {
+        auto request = abi::make_struct<NxmemAllocRequest>();
+        request.mechanism_id = mechanism_id_;
+        request.device = device_.to_wire();
+        request.allocation_id = module_->next_allocation_id_.fetch_add(1, std::memory_order_relaxed);
+        request.size = size;
+        request.alignment = alignment;
+        auto produced = abi::make_struct<NxmemAllocResult>();
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.allocate(raw_, &request, &produced, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        }
+        NxmemAllocation described = abi::make_struct<NxmemAllocation>();
+        described.mechanism_id = mechanism_id_;
+        described.device = request.device;
+        described.allocation_id = request.allocation_id;
+        described.address = produced.address;
+        described.size = size;
+        described.alignment = alignment;
+        if (result<void> sane = check_new_allocation(produced, size, alignment); !sane) {
+            // The plugin broke the contract; it still gets its allocation back.
+            (void)table_.deallocate(raw_, &described, &status);
+            return sane.error();
+        }
+        live_.insert(described.allocation_id, {described.address, size, alignment});
+        module_->tally_.allocations.fetch_add(1);
+        return described;
+    }
+
+    // Releases through release_allocation when the mechanism offers it, else deallocate.
+    result<release_report> release(const NxmemAllocation& described) {
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        NXMEM_TRY(record, live_.take(described));
+        NxmemStatus status = abi::make_status();
+        if (table_.release_allocation == nullptr) {
+            const NxmemStatusCode code = table_.deallocate(raw_, &described, &status);
+            if (code != NXMEM_STATUS_OK) {
+                live_.insert(described.allocation_id, record); // nothing changed
+                return fail(status_code_from_wire(code), abi::read_status_message(status));
+            }
+            module_->tally_.allocations.fetch_sub(1);
+            return release_report{release_state::complete, record.size, 0};
+        }
+        auto outcome = abi::make_struct<NxmemReleaseOutcome>();
+        const NxmemStatusCode code = table_.release_allocation(raw_, &described, &outcome, &status);
+        if (code != NXMEM_STATUS_OK || outcome.state == NXMEM_RELEASE_FAILED) {
+            live_.insert(described.allocation_id, record); // FAILED: as live as before
+            return fail(code != NXMEM_STATUS_OK ? status_code_from_wire(code)
+                                                : status_code::internal_error,
+                        "release failed, the allocation is still live: " +
+                            abi::read_status_message(status));
+        }
+        module_->tally_.allocations.fetch_sub(1);
+        return interpret(outcome, record);
+    }
+
+    // ---- deferred release ----
+
+    // Hands the allocation over; it retires at a later drain. The pending ticket pins this
+    // allocator (and so the module and this callback table) until it retires.
+    result<std::uint64_t> enqueue_release(const NxmemAllocation& described) {
+        if (table_.enqueue_release == nullptr) {
+            return unsupported("deferred release");
+        }
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        NXMEM_TRY(record, live_.take(described));
+        const std::uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
+        {
+            std::lock_guard lock(deferred_mutex_);
+            pending_.emplace(ticket, pending_release{described.allocation_id, record, shared_from_this()});
+        }
+        module_->tally_.queued_releases.fetch_add(1); // before the ABI call, as the contract says
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.enqueue_release(raw_, &described, ticket, &status);
+        if (code != NXMEM_STATUS_OK) {
+            std::shared_ptr<allocator_core> pin;
+            {
+                std::lock_guard lock(deferred_mutex_);
+                pin = std::move(pending_.at(ticket).pin);
+                pending_.erase(ticket);
+            }
+            module_->tally_.queued_releases.fetch_sub(1);
+            live_.insert(described.allocation_id, record);
+            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        }
+        return ticket;
+    }
+
+    // Asks the plugin to retire what it can; returns the completions in the order the plugin
+    // reported them (the contract: enqueue order).
+    result<std::vector<release_completion>> drain_releases() {
+        if (table_.drain_releases == nullptr) {
+            return unsupported("deferred release");
+        }
+        std::uint64_t retired = 0;
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.drain_releases(raw_, &retired, &status);
+        std::vector<release_completion> completions;
+        std::vector<std::shared_ptr<allocator_core>> released_pins;
+        std::string violation;
+        {
+            std::lock_guard lock(deferred_mutex_);
+            completions.swap(completed_);
+            released_pins.swap(retired_pins_);
+            violation.swap(completion_violation_);
+        }
+        // The pins drop here, outside every lock; the caller's own reference keeps this alive.
+        released_pins.clear();
+        if (!violation.empty()) {
+            return fail(status_code::contract_violation, violation);
+        }
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        }
+        return completions;
+    }
+
+    std::uint64_t pending_releases() const {
+        std::lock_guard lock(deferred_mutex_);
+        return pending_.size();
+    }
+
+    // ---- virtual backing ----
+
+    result<void> change_range(const NxmemAllocation& described, byte_range range, bool commit) {
+        NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        NXMEM_TRY(record, live_.find(described));
+        (void)record;
+        auto request = abi::make_struct<NxmemRangeRequest>();
+        request.allocation = described;
+        request.range = abi::make_struct<NxmemByteRange>();
+        request.range.offset = range.offset;
+        request.range.length = range.length;
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = commit
+                                         ? virtual_backing_->commit(raw_, &request, &status)
+                                         : virtual_backing_->decommit(raw_, &request, &status);
+        return check(code, status);
+    }
+
+    result<std::uint64_t> mapped_bytes(const NxmemAllocation& described) {
+        NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        NXMEM_TRY(record, live_.find(described));
+        (void)record;
+        std::uint64_t bytes = 0;
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(virtual_backing_->mapped_bytes(raw_, &described, &bytes, &status), status));
+        return bytes;
+    }
+
+    // ---- shared mapping ----
+
+    result<shared_prefix> create_prefix(std::uint64_t size) {
+        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+        auto request = abi::make_struct<NxmemSharedPrefixRequest>();
+        request.mechanism_id = mechanism_id_;
+        request.device = device_.to_wire();
+        request.size = size;
+        auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(shared_mapping_->create_shared_prefix(raw_, &request, &handle, &status), status));
+        module_->tally_.shared_prefixes.fetch_add(1);
+        return shared_prefix{handle.prefix_id, handle.size, handle.mechanism_id,
+                             device_id::from_wire(handle.device)};
+    }
+
+    result<void> retain_prefix(const shared_prefix& prefix) {
+        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+        const NxmemSharedPrefixHandle handle = prefix.to_wire();
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(shared_mapping_->retain_shared_prefix(raw_, &handle, &status), status));
+        module_->tally_.shared_prefixes.fetch_add(1);
+        return boost::outcome_v2::success();
+    }
+
+    result<void> release_prefix(const shared_prefix& prefix) {
+        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+        const NxmemSharedPrefixHandle handle = prefix.to_wire();
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(shared_mapping_->release_shared_prefix(raw_, &handle, &status), status));
+        module_->tally_.shared_prefixes.fetch_sub(1);
+        return boost::outcome_v2::success();
+    }
+
+    result<prefix_commit> commit_prefix(const NxmemAllocation& described, const shared_prefix& prefix) {
+        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+        NXMEM_TRY(record, live_.find(described));
+        (void)record;
+        auto request = abi::make_struct<NxmemSharedPrefixCommitRequest>();
+        request.allocation = described;
+        request.prefix = prefix.to_wire();
+        auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(shared_mapping_->commit_shared_prefix(raw_, &request, &info, &status), status));
+        return prefix_commit{info.shared_bytes, info.newly_mapped_bytes, info.sharers};
+    }
+
+    bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
+    bool has_shared_mapping() const noexcept { return shared_mapping_.has_value(); }
+
+    // Views count themselves in the module's tally for as long as they live.
+    void view_opened() noexcept { module_->tally_.views.fetch_add(1); }
+    void view_closed() noexcept { module_->tally_.views.fetch_sub(1); }
+
+private:
+    struct pending_release {
+        std::uint64_t allocation_id = 0;
+        live_record record;
+        std::shared_ptr<allocator_core> pin;
+    };
+
+    // Reads and checks the table open_allocator returned; keeps it only if all is well.
+    result<void> accept(NxmemAllocatorVtable* raw) {
+        const std::uint32_t ceiling = module_->version().minor;
+        NXMEM_TRY(copy, abi::read_prefix<NxmemAllocatorVtable>(raw, ceiling));
+        NXMEM_TRY_VOID(check_required_slots(copy));
+        NXMEM_TRY_VOID(check_capabilities(copy));
+        if (copy.table.mechanism_id != mechanism_id_) {
+            return fail(status_code::contract_violation,
+                        "the table names mechanism " + std::to_string(copy.table.mechanism_id) +
+                            ", its factory is mechanism " + std::to_string(mechanism_id_));
+        }
+        if (device_id::from_wire(copy.table.device) != device_) {
+            return fail(status_code::contract_violation,
+                        "the table names another device than the one asked for");
+        }
+        if (copy.table.virtual_backing != nullptr) {
+            NXMEM_TRY(backing, read_capability_table(copy.table.virtual_backing, ceiling));
+            virtual_backing_ = backing;
+        }
+        if (copy.table.shared_mapping != nullptr) {
+            NXMEM_TRY(mapping, read_capability_table(copy.table.shared_mapping, ceiling));
+            shared_mapping_ = mapping;
+        }
+        table_ = copy.table;
+        declared_minor_ = copy.declared_minor;
+        raw_ = raw;
+        return boost::outcome_v2::success();
+    }
+
+    // The host owes a refused table its release, if the slot can be located at all.
+    static void abandon(NxmemAllocatorVtable* raw) noexcept {
+        if (NxmemReleaseFn release = locate_release_slot(raw); release != nullptr) {
+            release(raw);
+        }
+    }
+
+    result<void> check_identity(std::uint64_t mechanism_id, const NxmemDeviceId& device) const {
+        if (mechanism_id != mechanism_id_) {
+            return fail(status_code::wrong_mechanism,
+                        "an object of mechanism " + std::to_string(mechanism_id) +
+                            " was handed to '" + mechanism_name_ + "' (mechanism " +
+                            std::to_string(mechanism_id_) + ")");
+        }
+        if (device_id::from_wire(device) != device_) {
+            return fail(status_code::wrong_device,
+                        "an object of device " + std::string(device_type_name(device.device_type)) +
+                            ":" + std::to_string(device.index) + " was handed to an allocator of " +
+                            std::string(device_type_name(device_.type)) + ":" +
+                            std::to_string(device_.index));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    result<void> check_new_allocation(const NxmemAllocResult& produced, std::uint64_t size,
+                                      std::uint64_t alignment) {
+        if (produced.address == 0 || produced.address % alignment != 0 || produced.size < size) {
+            return fail(status_code::contract_violation,
+                        "'" + mechanism_name_ + "' returned address 0x" +
+                            nxmem::detail::to_hex(produced.address) + " of " +
+                            std::to_string(produced.size) + " bytes for a request of " +
+                            std::to_string(size) + " bytes aligned to " + std::to_string(alignment));
+        }
+        if (any_quarantined_.load(std::memory_order_acquire)) {
+            std::lock_guard lock(quarantine_mutex_);
+            if (quarantined_addresses_.count(produced.address) != 0) {
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' reissued quarantined address 0x" +
+                                nxmem::detail::to_hex(produced.address));
+            }
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // COMPLETE credits the unmapped bytes; anything else, a state from the future included, is
+    // quarantine: the address is never reissued and the residue never refunded.
+    release_report interpret(const NxmemReleaseOutcome& outcome, const live_record& record) {
+        if (outcome.state == NXMEM_RELEASE_COMPLETE) {
+            return release_report{release_state::complete, outcome.unmapped_bytes, 0};
+        }
+        {
+            std::lock_guard lock(quarantine_mutex_);
+            quarantined_addresses_.insert(record.address);
+        }
+        any_quarantined_.store(true, std::memory_order_release);
+        const std::uint64_t residue = outcome.state == NXMEM_RELEASE_QUARANTINED
+                                          ? outcome.residual_owned_bytes
+                                          : record.size; // unknown state: assume it kept it all
+        quarantined_bytes_.fetch_add(residue);
+        return release_report{release_state::quarantined,
+                              outcome.state == NXMEM_RELEASE_QUARANTINED ? outcome.unmapped_bytes : 0,
+                              residue};
+    }
+
+    template <class Table> result<void> require(const std::optional<Table>& table,
+                                                std::string_view capability) const {
+        if (!table) {
+            return unsupported(capability);
+        }
+        return boost::outcome_v2::success();
+    }
+
+    error unsupported(std::string_view capability) const {
+        return error{status_code::unsupported_capability,
+                     "'" + mechanism_name_ + "' does not offer " + std::string(capability)};
+    }
+
+    static result<void> check(NxmemStatusCode code, const NxmemStatus& status) {
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    NxmemAllocation describe(std::uint64_t allocation_id, const live_record& record) const {
+        auto described = abi::make_struct<NxmemAllocation>();
+        described.mechanism_id = mechanism_id_;
+        described.device = device_.to_wire();
+        described.allocation_id = allocation_id;
+        described.address = record.address;
+        described.size = record.size;
+        described.alignment = record.alignment;
+        return described;
+    }
+
+    // ---- host callbacks (called by the plugin; each runs inside the host's guard) ----
+
+    static NxmemStatusCode on_request_reclaim(void* context, const NxmemReclaimRequest* raw,
+                                              NxmemStatus* status) noexcept {
+        return guard_status(status, [&]() -> NxmemStatusCode {
+            auto& core = *static_cast<allocator_core*>(context);
+            result<NxmemReclaimRequest> request = abi::read_request(raw);
+            if (!request) {
+                return abi::write_status(status, NXMEM_STATUS_INVALID_ARGUMENT,
+                                         request.error().message);
+            }
+            // No host lock is held here: the hook may re-enter this allocator.
+            result<void> reclaimed = core.reclaim_(reclaim_request{
+                request.value().mechanism_id, device_id::from_wire(request.value().device),
+                request.value().bytes_needed});
+            if (!reclaimed) {
+                return abi::write_status(status, NXMEM_STATUS_HOST_REFUSED,
+                                         reclaimed.error().describe());
+            }
+            return NXMEM_STATUS_OK;
+        });
+    }
+
+    static void on_release_completed(void* context, const NxmemReleaseCompletion* raw) noexcept {
+        guard_void([&] {
+            auto& core = *static_cast<allocator_core*>(context);
+            result<NxmemReleaseCompletion> completion = abi::read_request(raw);
+            std::lock_guard lock(core.deferred_mutex_);
+            if (!completion) {
+                core.completion_violation_ = "release_completed: " + completion.error().message;
+                return;
+            }
+            const std::uint64_t ticket = completion.value().ticket;
+            auto found = core.pending_.find(ticket);
+            if (found == core.pending_.end()) {
+                core.completion_violation_ =
+                    "release_completed for unknown ticket " + std::to_string(ticket);
+                return;
+            }
+            if (found != core.pending_.begin()) {
+                core.completion_violation_ = "ticket " + std::to_string(ticket) +
+                                             " retired before ticket " +
+                                             std::to_string(core.pending_.begin()->first);
+            }
+            core.completed_.push_back(release_completion{
+                ticket, found->second.allocation_id,
+                core.interpret(completion.value().outcome, found->second.record)});
+            core.retired_pins_.push_back(std::move(found->second.pin));
+            core.pending_.erase(found);
+            core.module_->tally_.queued_releases.fetch_sub(1);
+            core.module_->tally_.allocations.fetch_sub(1);
+        });
+    }
+
+    // Declared first: destroyed last.
+    std::shared_ptr<plugin_module> module_;
+    reclaim_function reclaim_;
+    NxmemHostCallbacks callbacks_{}; // borrowed by the plugin for this allocator's lifetime
+    NxmemAllocatorVtable* raw_ = nullptr;
+    NxmemAllocatorVtable table_{};
+    std::uint32_t declared_minor_ = 0;
+    std::optional<NxmemVirtualBackingVtable> virtual_backing_;
+    std::optional<NxmemSharedMappingVtable> shared_mapping_;
+    device_id device_;
+    std::uint64_t mechanism_id_;
+    std::string mechanism_name_;
+    live_table live_;
+
+    mutable std::mutex deferred_mutex_;
+    std::atomic<std::uint64_t> next_ticket_{1};
+    std::map<std::uint64_t, pending_release> pending_;
+    std::vector<release_completion> completed_;
+    std::vector<std::shared_ptr<allocator_core>> retired_pins_;
+    std::string completion_violation_;
+
+    std::mutex quarantine_mutex_;
+    std::atomic<bool> any_quarantined_{false};
+    std::set<std::uint64_t> quarantined_addresses_;
+    std::atomic<std::uint64_t> quarantined_bytes_{0};
+};
+
+} // namespace nxmem::host::detail

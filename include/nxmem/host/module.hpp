@@ -1,0 +1,322 @@
+// A loaded plugin module: the library, the negotiated version, the factories, the host's tally of
+// what it holds from the module, and the unload gate.
+#pragma once
+
+#ifndef BOOST_DLL_USE_STD_FS
+#define BOOST_DLL_USE_STD_FS // nxmem speaks std::filesystem; the nxmem dependency defines this too
+#endif
+
+#include <nxmem/abi/read_prefix.hpp>
+#include <nxmem/abi/request.hpp>
+#include <nxmem/abi/version.hpp>
+#include <nxmem/host/detail/table_checks.hpp>
+#include <nxmem/host/factory_info.hpp>
+#include <nxmem/host/load_options.hpp>
+#include <nxmem/host/tally.hpp>
+
+#include <boost/dll/shared_library.hpp>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nxmem::host {
+
+class plugin_module;
+
+// Held by an execution context for its lifetime: while any pin is held the module cannot unload.
+class module_pin {
+public:
+    module_pin() = default;
+    module_pin(module_pin&& other) noexcept = default;
+    module_pin& operator=(module_pin&& other) noexcept {
+        reset();
+        module_ = std::move(other.module_);
+        return *this;
+    }
+    ~module_pin() { reset(); }
+    void reset() noexcept;
+    explicit operator bool() const noexcept { return module_ != nullptr; }
+
+private:
+    friend class plugin_module;
+    explicit module_pin(std::shared_ptr<plugin_module> module) : module_(std::move(module)) {}
+    std::shared_ptr<plugin_module> module_;
+};
+
+namespace detail {
+class allocator_core;
+}
+
+class plugin_module : public std::enable_shared_from_this<plugin_module> {
+    struct private_tag {};
+
+public:
+    // Loads `path`, checks the three exports, negotiates and reads the factories. A library that
+    // fails any step is refused with the reason and unloaded before this returns.
+    static result<std::shared_ptr<plugin_module>> load(const std::filesystem::path& path,
+                                                       const load_options& options = {}) {
+        boost::dll::fs::error_code failure;
+        boost::dll::shared_library library(path, boost::dll::load_mode::rtld_now |
+                                                     boost::dll::load_mode::rtld_local,
+                                           failure);
+        if (failure || !library.is_loaded()) {
+            // Boost.DLL reports only an error code; the loader's own words are in dlerror().
+            const char* loader_text = ::dlerror();
+            return fail(status_code::invalid_argument,
+                        "cannot load " + path.string() + ": " +
+                            (loader_text != nullptr ? std::string(loader_text) : failure.message()));
+        }
+        std::string missing;
+        for (const char* symbol : {NXMEM_EXPORT_NEGOTIATE, NXMEM_EXPORT_CREATE_ALLOCATOR_FACTORIES,
+                                   NXMEM_EXPORT_QUERY_UNLOAD_READINESS}) {
+            if (!library.has(symbol)) {
+                missing += (missing.empty() ? "" : ", ") + std::string(symbol);
+            }
+        }
+        if (!missing.empty()) {
+            return fail(status_code::contract_violation,
+                        path.string() + " is not an nxmem plugin: missing export(s) " + missing);
+        }
+        auto module = std::make_shared<plugin_module>(private_tag{}, std::move(library), path,
+                                                      options.host_range);
+        NXMEM_TRY_VOID(module->negotiate());
+        NXMEM_TRY_VOID(module->read_factories());
+        module->state_.store(state::loaded);
+        return module;
+    }
+
+    plugin_module(private_tag, boost::dll::shared_library library, std::filesystem::path path,
+                  abi::version_range host_range)
+        : library_(std::move(library)), path_(std::move(path)), host_range_(host_range) {
+        negotiate_ = &library_.get<std::remove_pointer_t<NxmemNegotiateFn>>(NXMEM_EXPORT_NEGOTIATE);
+        create_factories_ = &library_.get<std::remove_pointer_t<NxmemCreateAllocatorFactoriesFn>>(
+            NXMEM_EXPORT_CREATE_ALLOCATOR_FACTORIES);
+        query_unload_readiness_ = &library_.get<std::remove_pointer_t<NxmemQueryUnloadReadinessFn>>(
+            NXMEM_EXPORT_QUERY_UNLOAD_READINESS);
+    }
+
+    plugin_module(const plugin_module&) = delete;
+    plugin_module& operator=(const plugin_module&) = delete;
+
+    // Factories go back to the plugin before the library is closed (library_ is destroyed last).
+    ~plugin_module() { release_factories(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+    abi::negotiated_version version() const noexcept { return version_; }
+    const abi::version_range& host_range() const noexcept { return host_range_; }
+    const abi::version_range& plugin_range() const noexcept { return plugin_range_; }
+    const std::vector<factory_info>& factories() const noexcept { return factories_; }
+    bool loaded() const noexcept { return state_.load() == state::loaded; }
+
+    const factory_info* find_factory(std::string_view name) const noexcept {
+        for (const factory_info& factory : factories_) {
+            if (factory.name == name) {
+                return &factory;
+            }
+        }
+        return nullptr;
+    }
+
+    // The plugin's report and the host's tally, side by side.
+    result<unload_readiness> readiness() const {
+        if (state_.load() == state::unloaded) {
+            return fail(status_code::invalid_argument, path_.string() + " is already unloaded");
+        }
+        NXMEM_TRY(reported, query_plugin());
+        return unload_readiness{reported, tally_.snapshot()};
+    }
+
+    // Unloads when both tallies are zero: the plugin is asked first, always, then the host's own
+    // counters, so a refusal carries both and a plugin that misreports is visible. After success
+    // the factories are released and the library is really unmapped.
+    result<void> try_unload() {
+        state expected = state::loaded;
+        if (!state_.compare_exchange_strong(expected, state::unloading)) {
+            return fail(status_code::busy, path_.string() + (expected == state::unloaded
+                                                                 ? " is already unloaded"
+                                                                 : " is being unloaded"));
+        }
+        result<plugin_counts> reported = query_plugin();
+        if (!reported) {
+            state_.store(state::loaded);
+            return fail(reported.error().code,
+                        "unload refused: the plugin's readiness report failed: " +
+                            reported.error().message);
+        }
+        const unload_readiness both{reported.value(), tally_.snapshot()};
+        if (!both.ready()) {
+            state_.store(state::loaded);
+            return fail(status_code::busy, "unload refused: " + both.describe());
+        }
+        release_factories();
+        library_.unload();
+        state_.store(state::unloaded);
+        return boost::outcome_v2::success();
+    }
+
+    // A pin for an execution context's lifetime; refused once the module is unloading.
+    result<module_pin> pin() {
+        tally_.pins.fetch_add(1);
+        if (state_.load() != state::loaded) {
+            tally_.pins.fetch_sub(1);
+            return fail(status_code::busy, path_.string() + " is not loaded");
+        }
+        return module_pin(shared_from_this());
+    }
+
+private:
+    friend class module_pin;
+    friend class detail::allocator_core;
+    enum class state { loading, loaded, unloading, unloaded };
+
+    struct factory_entry {
+        NxmemAllocatorFactoryVtable* raw = nullptr; // the plugin's pointer, released exactly once
+        NxmemAllocatorFactoryVtable table{};        // the bounded local copy
+    };
+
+    result<void> negotiate() {
+        auto request = abi::make_struct<NxmemNegotiateRequest>();
+        request.host_range = host_range_.to_wire();
+        auto response = abi::make_struct<NxmemNegotiateResponse>();
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = negotiate_(&request, &response, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code::version_mismatch,
+                        path_.string() + " refused the host's range " + host_range_.describe() +
+                            ": " + abi::read_status_message(status));
+        }
+        result<abi::negotiated_version> agreed = abi::check_negotiation_reply(host_range_, response);
+        if (!agreed) {
+            return fail(agreed.error().code, path_.string() + ": " + agreed.error().message);
+        }
+        version_ = agreed.value();
+        plugin_range_ = abi::version_range::from_wire(response.plugin_range);
+        return boost::outcome_v2::success();
+    }
+
+    result<void> read_factories() {
+        std::array<NxmemAllocatorFactoryVtable*, NXMEM_MAX_FACTORIES> raw{};
+        std::uint32_t count = 0;
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code =
+            create_factories_(raw.data(), static_cast<std::uint32_t>(raw.size()), &count, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code),
+                        path_.string() + ": creating factories failed: " +
+                            abi::read_status_message(status));
+        }
+        if (count > raw.size()) {
+            return fail(status_code::contract_violation,
+                        path_.string() + " reported " + std::to_string(count) +
+                            " factories with a capacity of " + std::to_string(raw.size()));
+        }
+        // Own every pointer first, so each is released exactly once whatever is refused below.
+        for (std::uint32_t i = 0; i < count; ++i) {
+            entries_.push_back({raw[i], {}});
+        }
+        std::set<std::string> names;
+        std::set<std::uint64_t> ids;
+        for (factory_entry& entry : entries_) {
+            result<factory_info> info = read_factory(entry);
+            if (!info) {
+                return fail(info.error().code, path_.string() + ": " + info.error().message);
+            }
+            if (!names.insert(info.value().name).second || !ids.insert(info.value().mechanism_id).second) {
+                return fail(status_code::contract_violation,
+                            path_.string() + ": factory '" + info.value().name +
+                                "' repeats another factory's name or mechanism id");
+            }
+            factories_.push_back(std::move(info).value());
+        }
+        return boost::outcome_v2::success();
+    }
+
+    result<factory_info> read_factory(factory_entry& entry) {
+        NXMEM_TRY(copy, abi::read_prefix<NxmemAllocatorFactoryVtable>(entry.raw, version_.minor));
+        NXMEM_TRY_VOID(detail::check_required_slots(copy));
+        entry.table = copy.table;
+        const char* name = copy.table.name;
+        const std::size_t length =
+            name == nullptr ? 0 : ::strnlen(name, NXMEM_MAX_FACTORY_NAME_BYTES + 1);
+        if (length == 0 || length > NXMEM_MAX_FACTORY_NAME_BYTES) {
+            return fail(status_code::contract_violation,
+                        "a factory name is NULL, empty or longer than " +
+                            std::to_string(NXMEM_MAX_FACTORY_NAME_BYTES) + " bytes");
+        }
+        if (copy.table.mechanism_id == 0) {
+            return fail(status_code::contract_violation,
+                        "factory '" + std::string(name, length) + "' has mechanism id 0");
+        }
+        return factory_info{std::string(name, length), copy.table.mechanism_id,
+                            copy.table.device_types, copy.declared_minor, copy.effective_minor};
+    }
+
+    // Each factory whose release slot could be read goes back exactly once.
+    void release_factories() noexcept {
+        for (factory_entry& entry : entries_) {
+            NxmemReleaseFactoryFn release = entry.table.release;
+            if (release == nullptr) {
+                result<abi::table_copy<NxmemAllocatorFactoryVtable>> copy =
+                    abi::read_prefix<NxmemAllocatorFactoryVtable>(entry.raw, version_.minor);
+                release = copy ? copy.value().table.release : nullptr;
+            }
+            if (release != nullptr) {
+                release(entry.raw);
+            }
+        }
+        entries_.clear();
+    }
+
+    result<plugin_counts> query_plugin() const {
+        auto report = abi::make_struct<NxmemUnloadReport>();
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = query_unload_readiness_(&report, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        }
+        return plugin_counts::from_wire(report);
+    }
+
+    const factory_entry* entry_for(const factory_info& factory) const noexcept {
+        for (const factory_entry& entry : entries_) {
+            if (entry.table.mechanism_id == factory.mechanism_id) {
+                return &entry;
+            }
+        }
+        return nullptr;
+    }
+
+    // Declared first so it is destroyed last: nothing of the plugin's outlives its code.
+    boost::dll::shared_library library_;
+    std::filesystem::path path_;
+    abi::version_range host_range_;
+    abi::version_range plugin_range_{};
+    abi::negotiated_version version_{};
+    NxmemNegotiateFn negotiate_ = nullptr;
+    NxmemCreateAllocatorFactoriesFn create_factories_ = nullptr;
+    NxmemQueryUnloadReadinessFn query_unload_readiness_ = nullptr;
+    std::vector<factory_entry> entries_;
+    std::vector<factory_info> factories_;
+    detail::host_tally tally_;
+    std::atomic<std::uint64_t> next_allocation_id_{1};
+    std::atomic<state> state_{state::loading};
+};
+
+inline void module_pin::reset() noexcept {
+    if (module_ != nullptr) {
+        module_->tally_.pins.fetch_sub(1);
+        module_.reset();
+    }
+}
+
+} // namespace nxmem::host

@@ -1,0 +1,88 @@
+// plugin_allocator<D>: a plugin's mechanism, opened on one device of type D, behind the same
+// DeviceAllocator concept as the engine's own allocators.
+#pragma once
+
+#include <nxmem/concepts/device_allocator.hpp>
+#include <nxmem/host/detail/allocator_core.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nxmem::host {
+
+template <Device D> class virtual_backing_view;
+template <Device D> class shared_mapping_view;
+
+namespace detail {
+template <Device D> NxmemAllocation to_wire(const allocation<D>& live) {
+    auto described = abi::make_struct<NxmemAllocation>();
+    described.mechanism_id = live.mechanism_id;
+    described.device = live.device.to_wire();
+    described.allocation_id = live.allocation_id;
+    described.address = D::to_wire(live.address);
+    described.size = live.size;
+    described.alignment = live.alignment;
+    return described;
+}
+template <Device D> allocation<D> from_wire(const NxmemAllocation& described) {
+    return allocation<D>{D::from_wire(described.address), described.size, described.alignment,
+                         described.allocation_id, described.mechanism_id,
+                         device_id::from_wire(described.device)};
+}
+} // namespace detail
+
+template <Device D> class plugin_allocator {
+public:
+    using device_type = D;
+
+    explicit plugin_allocator(std::shared_ptr<detail::allocator_core> core) : core_(std::move(core)) {}
+
+    device_id device() const noexcept { return core_->device(); }
+
+    // allocation_id is assigned by the host, monotonic across the module.
+    result<allocation<D>> allocate(std::uint64_t size, std::uint64_t alignment) {
+        NXMEM_TRY(described, core_->allocate(size, alignment));
+        return detail::from_wire<D>(described);
+    }
+
+    // Mechanism and device are checked, then the description against the live record, before
+    // the plugin is called. A FAILED release is an error and the allocation stays live.
+    result<release_report> release(const allocation<D>& live) {
+        return core_->release(detail::to_wire(live));
+    }
+
+    // Deferred release: the allocation retires at a later drain_releases, which reports each
+    // retired ticket in enqueue order.
+    result<std::uint64_t> enqueue_release(const allocation<D>& live) {
+        return core_->enqueue_release(detail::to_wire(live));
+    }
+    result<std::vector<release_completion>> drain_releases() { return core_->drain_releases(); }
+
+    // The capability views; UNSUPPORTED_CAPABILITY when the mechanism does not offer them.
+    result<virtual_backing_view<D>> virtual_backing() const;
+    result<shared_mapping_view<D>> shared_mapping() const;
+
+    const std::string& mechanism_name() const noexcept { return core_->mechanism_name(); }
+    std::uint64_t mechanism_id() const noexcept { return core_->mechanism_id(); }
+    NxmemCapabilities capabilities() const noexcept { return core_->capabilities(); }
+    std::uint32_t declared_minor() const noexcept { return core_->declared_minor(); }
+    std::uint32_t effective_minor() const noexcept { return core_->effective_minor(); }
+    bool offers_reclaim() const noexcept { return core_->offers_reclaim(); }
+    std::uint64_t quarantined_bytes() const noexcept { return core_->quarantined_bytes(); }
+    const std::shared_ptr<plugin_module>& module() const noexcept { return core_->module(); }
+
+    // The plugin's raw table and the host's checked copy, for conformance checks that must
+    // reach the plugin without the host's own checks in front of it.
+    NxmemAllocatorVtable* raw_table() const noexcept { return core_->raw_table(); }
+    const NxmemAllocatorVtable& checked_table() const noexcept { return core_->checked_table(); }
+
+private:
+    std::shared_ptr<detail::allocator_core> core_;
+};
+
+static_assert(assert_device_allocator<plugin_allocator<cpu_device>>());
+static_assert(assert_device_allocator<plugin_allocator<cuda_device>>());
+static_assert(assert_device_allocator<plugin_allocator<hip_device>>());
+
+} // namespace nxmem::host

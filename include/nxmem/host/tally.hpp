@@ -1,0 +1,85 @@
+// The host's own count of what it holds from one module: the second tally of every unload check.
+#pragma once
+
+#include <nxmem/nxmem_memory_abi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace nxmem::host {
+
+// A snapshot of the host's counters.
+struct host_counts {
+    std::uint64_t allocators = 0;
+    std::uint64_t allocations = 0;
+    std::uint64_t views = 0;           // capability views (virtual backing, shared mapping) held
+    std::uint64_t shared_prefixes = 0; // prefix references held
+    std::uint64_t queued_releases = 0;
+    std::uint64_t pins = 0;            // execution contexts pinning the module
+
+    bool idle() const noexcept {
+        return allocators == 0 && allocations == 0 && views == 0 && shared_prefixes == 0 &&
+               queued_releases == 0 && pins == 0;
+    }
+    std::string describe() const {
+        return "allocators " + std::to_string(allocators) + ", allocations " +
+               std::to_string(allocations) + ", views " + std::to_string(views) +
+               ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
+               std::to_string(queued_releases) + ", pins " + std::to_string(pins);
+    }
+};
+
+// The plugin's own report, as read through NxmemQueryUnloadReadiness.
+struct plugin_counts {
+    std::uint64_t allocators = 0;
+    std::uint64_t allocations = 0;
+    std::uint64_t views = 0;
+    std::uint64_t shared_prefixes = 0;
+    std::uint64_t queued_releases = 0;
+
+    static plugin_counts from_wire(const NxmemUnloadReport& report) noexcept {
+        return {report.live_allocators, report.live_allocations, report.live_views,
+                report.live_shared_prefixes, report.queued_releases};
+    }
+    bool idle() const noexcept {
+        return allocators == 0 && allocations == 0 && views == 0 && shared_prefixes == 0 &&
+               queued_releases == 0;
+    }
+    std::string describe() const {
+        return "allocators " + std::to_string(allocators) + ", allocations " +
+               std::to_string(allocations) + ", views " + std::to_string(views) +
+               ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
+               std::to_string(queued_releases);
+    }
+};
+
+// Both tallies, side by side: a refusal always carries both, so a plugin that misreports shows.
+struct unload_readiness {
+    plugin_counts plugin;
+    host_counts host;
+    bool ready() const noexcept { return plugin.idle() && host.idle(); }
+    std::string describe() const {
+        return "plugin reports {" + plugin.describe() + "}; host holds {" + host.describe() + "}";
+    }
+};
+
+namespace detail {
+
+// The live counters behind host_counts.
+struct host_tally {
+    std::atomic<std::uint64_t> allocators{0};
+    std::atomic<std::uint64_t> allocations{0};
+    std::atomic<std::uint64_t> views{0};
+    std::atomic<std::uint64_t> shared_prefixes{0};
+    std::atomic<std::uint64_t> queued_releases{0};
+    std::atomic<std::uint64_t> pins{0};
+
+    host_counts snapshot() const noexcept {
+        return {allocators.load(), allocations.load(), views.load(), shared_prefixes.load(),
+                queued_releases.load(), pins.load()};
+    }
+};
+
+} // namespace detail
+} // namespace nxmem::host

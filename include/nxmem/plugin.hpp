@@ -1,0 +1,8 @@
+// Everything a plugin author writing in C++ needs: the guard, the mechanism concepts, the kit that
+// builds the C tables, and NXMEM_EXPORT_PLUGIN.
+#pragma once
+
+#include <nxmem/nxmem_memory_abi.h>
+#include <nxmem/plugin/exports.hpp>
+#include <nxmem/plugin/guard.hpp>
+#include <nxmem/plugin/mechanism.hpp>

@@ -1,0 +1,482 @@
+// The C allocator table the kit builds around one instance of a mechanism class. Every slot runs
+// inside the guard, reads its request with read_request, checks mechanism and device, and checks
+// the host's description of an allocation against the kit's record before the mechanism sees it.
+#pragma once
+
+#include <nxmem/abi/request.hpp>
+#include <nxmem/detail/hex.hpp>
+#include <nxmem/plugin/allocation_registry.hpp>
+#include <nxmem/plugin/guard.hpp>
+#include <nxmem/plugin/mechanism.hpp>
+#include <nxmem/plugin/module_state.hpp>
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace nxmem::plugin {
+
+namespace detail {
+
+// The table and a pointer to its owner: standard layout, so the table's address (what the host
+// holds and passes back as `self`) converts back to the shell.
+struct allocator_shell {
+    NxmemAllocatorVtable table;
+    void* owner;
+};
+static_assert(std::is_standard_layout_v<allocator_shell>);
+
+inline NxmemStatusCode report(NxmemStatus* status, const error& failure) noexcept {
+    return abi::write_status(status, static_cast<NxmemStatusCode>(failure.code), failure.message);
+}
+
+// Runs `body` (returning result<void>) under the guard and reports its failure into `status`.
+template <class Body> NxmemStatusCode run_slot(NxmemStatus* status, Body&& body) noexcept {
+    return guard_status(status, [&]() -> NxmemStatusCode {
+        result<void> outcome = body();
+        return outcome ? NXMEM_STATUS_OK : report(status, outcome.error());
+    });
+}
+
+} // namespace detail
+
+template <mechanism M> class allocator_object {
+public:
+    // Opens an allocator of M for `request`; on success `*out` holds one reference.
+    static result<NxmemAllocatorVtable*> open(const NxmemOpenRequest& request) {
+        const device_id device = device_id::from_wire(request.device);
+        if (device.type >= 64 || (M::device_types & device_bit(device.type)) == 0) {
+            return fail(status_code::wrong_device,
+                        std::string(M::name) + " cannot open a device of type " +
+                            std::string(device_type_name(device.type)));
+        }
+        if (request.options_length > 0 && request.options == nullptr) {
+            return fail(status_code::invalid_argument, "options_length is set but options is NULL");
+        }
+        NXMEM_TRY(parsed, options::parse(std::string_view(
+                              request.options, static_cast<std::size_t>(request.options_length))));
+        NXMEM_TRY(link, host_link::read(request.callbacks, this_module().negotiated_minor.load()));
+        open_context context{M::mechanism_id, device, parsed, link};
+        NXMEM_TRY(instance, M::open(context));
+        NXMEM_TRY_VOID(parsed.refuse_unknown(M::name));
+        auto* object = new allocator_object(std::move(instance), link, device);
+        return &object->shell_.table;
+    }
+
+private:
+    allocator_object(std::unique_ptr<M> instance, host_link link, device_id device)
+        : mechanism_(std::move(instance)), host_(link), device_(device) {
+        NxmemAllocatorVtable& table = shell_.table;
+        table = abi::make_struct<NxmemAllocatorVtable>();
+        table.struct_size = static_cast<std::uint32_t>(abi::bytes_required<NxmemAllocatorVtable>(declared_minor));
+        table.abi_minor = declared_minor;
+        table.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
+        table.capabilities = capabilities_of<M>();
+        table.mechanism_id = M::mechanism_id;
+        table.device = device.to_wire();
+        table.allocate = &slot_allocate;
+        table.deallocate = &slot_deallocate;
+        table.retain = &slot_retain;
+        table.release = &slot_release;
+        if constexpr (offers_virtual_backing<M>) {
+            static constexpr NxmemVirtualBackingVtable virtual_backing = make_virtual_backing_table();
+            table.virtual_backing = &virtual_backing;
+        }
+        if constexpr (offers_shared_mapping<M>) {
+            static constexpr NxmemSharedMappingVtable shared_mapping = make_shared_mapping_table();
+            table.shared_mapping = &shared_mapping;
+        }
+        if constexpr (offers_deferred_release<M>) {
+            table.enqueue_release = &slot_enqueue_release;
+            table.drain_releases = &slot_drain_releases;
+        }
+        if constexpr (offers_structured_release<M>) {
+            table.release_allocation = &slot_release_allocation;
+        }
+        shell_.owner = this;
+        this_module().live_allocators.fetch_add(1);
+    }
+
+    // Whatever the host left live goes back to the mechanism before the allocator goes away.
+    ~allocator_object() {
+        for (const allocation_record& record : registry_.take_all()) {
+            (void)mechanism_->deallocate(record);
+            forget(record);
+        }
+        for (const queued_release& queued : queue_) {
+            (void)mechanism_->deallocate(queued.record);
+            forget(queued.record);
+            this_module().queued_releases.fetch_sub(1);
+        }
+        this_module().live_allocators.fetch_sub(1);
+    }
+
+    static constexpr std::uint32_t declared_minor = declared_minor_of<M>();
+
+    static allocator_object& self(NxmemAllocatorVtable* table) noexcept {
+        return *static_cast<allocator_object*>(reinterpret_cast<detail::allocator_shell*>(table)->owner);
+    }
+
+    // The checks every call makes before anything is touched.
+    result<void> check_identity(std::uint64_t mechanism_id, const NxmemDeviceId& device) const {
+        if (mechanism_id != M::mechanism_id) {
+            return fail(status_code::wrong_mechanism,
+                        "object of mechanism " + std::to_string(mechanism_id) + " handed to " +
+                            std::string(M::name) + " (mechanism " +
+                            std::to_string(M::mechanism_id) + ")");
+        }
+        if (device_id::from_wire(device) != device_) {
+            return fail(status_code::wrong_device,
+                        "object of device " + std::string(device_type_name(device.device_type)) +
+                            ":" + std::to_string(device.index) + " handed to an allocator of " +
+                            std::string(device_type_name(device_.type)) + ":" +
+                            std::to_string(device_.index));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    void forget(const allocation_record& record) noexcept {
+        this_module().live_allocations.fetch_sub(1);
+        this_module().live_views.fetch_sub(record.views);
+    }
+
+    // ---- allocator slots ----
+
+    static NxmemStatusCode slot_allocate(NxmemAllocatorVtable* table, const NxmemAllocRequest* raw,
+                                         NxmemAllocResult* out, NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
+            if (request.size == 0 || !std::has_single_bit(request.alignment)) {
+                return fail(status_code::invalid_argument,
+                            "size must be non-zero and alignment a power of two (size " +
+                                std::to_string(request.size) + ", alignment " +
+                                std::to_string(request.alignment) + ")");
+            }
+            // Refuse an unusable output before allocating, so nothing can leak.
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
+            NXMEM_TRY(memory, object.mechanism_->allocate(request.size, request.alignment));
+            object.registry_.insert({memory.address, request.size, request.alignment,
+                                     request.allocation_id, 0});
+            this_module().live_allocations.fetch_add(1);
+            auto written = abi::make_struct<NxmemAllocResult>();
+            written.address = memory.address;
+            written.size = memory.size;
+            written.mapped_bytes = memory.mapped_bytes;
+            return abi::write_output(out, written);
+        });
+    }
+
+    static NxmemStatusCode slot_deallocate(NxmemAllocatorVtable* table, const NxmemAllocation* raw,
+                                           NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(described, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY(record, object.registry_.take(described));
+            result<void> released = object.mechanism_->deallocate(record);
+            if (!released) {
+                object.registry_.insert(record); // nothing changed: still live
+                return released;
+            }
+            object.forget(record);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static void slot_retain(NxmemAllocatorVtable* table) noexcept {
+        guard_void([&] { self(table).references_.fetch_add(1, std::memory_order_relaxed); });
+    }
+
+    static void slot_release(NxmemAllocatorVtable* table) noexcept {
+        guard_void([&] {
+            allocator_object& object = self(table);
+            if (object.references_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                delete &object;
+            }
+        });
+    }
+
+    static NxmemStatusCode slot_release_allocation(NxmemAllocatorVtable* table,
+                                                   const NxmemAllocation* raw,
+                                                   NxmemReleaseOutcome* out,
+                                                   NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(described, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            auto written = abi::make_struct<NxmemReleaseOutcome>();
+            written.state = NXMEM_RELEASE_FAILED;
+            NXMEM_TRY_VOID(abi::write_output(out, written));
+            NXMEM_TRY(record, object.registry_.take(described));
+            result<release_outcome> released = object.mechanism_->release_allocation(record);
+            if (!released || released.value().state == NXMEM_RELEASE_FAILED) {
+                object.registry_.insert(record); // FAILED: the allocation is as live as before
+                return released ? fail(status_code::internal_error,
+                                       std::string(M::name) + " reported a failed release")
+                                : fail(released.error().code, released.error().message);
+            }
+            object.forget(record);
+            written.state = released.value().state;
+            written.unmapped_bytes = released.value().unmapped_bytes;
+            written.residual_owned_bytes = released.value().residual_owned_bytes;
+            return abi::write_output(out, written);
+        });
+    }
+
+    // ---- deferred release ----
+
+    static NxmemStatusCode slot_enqueue_release(NxmemAllocatorVtable* table,
+                                                const NxmemAllocation* raw, std::uint64_t ticket,
+                                                NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(described, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY(record, object.registry_.take(described));
+            std::lock_guard lock(object.queue_mutex_);
+            object.queue_.push_back({ticket, record});
+            this_module().queued_releases.fetch_add(1);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    // Retires queued releases in enqueue order. Only one drain runs at a time per allocator (a
+    // concurrent drain returns at once with nothing retired), so completions are never reordered,
+    // and no kit lock is held while the mechanism or the host is called.
+    static NxmemStatusCode slot_drain_releases(NxmemAllocatorVtable* table, std::uint64_t* retired,
+                                               NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            std::uint64_t count = 0;
+            if (object.draining_.exchange(true, std::memory_order_acquire)) {
+                if (retired != nullptr) {
+                    *retired = 0;
+                }
+                return boost::outcome_v2::success();
+            }
+            result<void> outcome = object.drain_in_order(count);
+            object.draining_.store(false, std::memory_order_release);
+            if (retired != nullptr) {
+                *retired = count;
+            }
+            return outcome;
+        });
+    }
+
+    result<void> drain_in_order(std::uint64_t& count) {
+        for (;;) {
+            queued_release next;
+            {
+                std::lock_guard lock(queue_mutex_);
+                if (queue_.empty()) {
+                    return boost::outcome_v2::success();
+                }
+                next = queue_.front();
+            }
+            NXMEM_TRY(outcome, mechanism_->retire(next.record));
+            if (!outcome) {
+                return boost::outcome_v2::success(); // not yet: it and everything after it wait
+            }
+            {
+                std::lock_guard lock(queue_mutex_);
+                queue_.pop_front();
+            }
+            this_module().queued_releases.fetch_sub(1);
+            this_module().live_allocations.fetch_sub(1);
+            this_module().live_views.fetch_sub(next.record.views);
+            auto completion = abi::make_struct<NxmemReleaseCompletion>();
+            completion.ticket = next.ticket;
+            completion.mechanism_id = M::mechanism_id;
+            completion.allocation_id = next.record.allocation_id;
+            completion.outcome = abi::make_struct<NxmemReleaseOutcome>();
+            completion.outcome.state = outcome->state;
+            completion.outcome.unmapped_bytes = outcome->unmapped_bytes;
+            completion.outcome.residual_owned_bytes = outcome->residual_owned_bytes;
+            ++count;
+            host_.release_completed(completion);
+        }
+    }
+
+    // ---- virtual backing ----
+
+    result<allocation_record> find_in_range(const NxmemRangeRequest& request) {
+        NXMEM_TRY_VOID(check_identity(request.allocation.mechanism_id, request.allocation.device));
+        NXMEM_TRY(record, registry_.find(request.allocation));
+        const std::uint64_t offset = request.range.offset;
+        const std::uint64_t length = request.range.length;
+        if (length == 0 || offset > record.size || length > record.size - offset) {
+            return fail(status_code::invalid_argument,
+                        "range [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                            ") is empty or lies outside the allocation of " +
+                            std::to_string(record.size) + " bytes");
+        }
+        return record;
+    }
+
+    static NxmemStatusCode slot_commit(NxmemAllocatorVtable* table, const NxmemRangeRequest* raw,
+                                       NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY(record, object.find_in_range(request));
+            return object.mechanism_->commit(record, {request.range.offset, request.range.length});
+        });
+    }
+
+    static NxmemStatusCode slot_decommit(NxmemAllocatorVtable* table, const NxmemRangeRequest* raw,
+                                         NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY(record, object.find_in_range(request));
+            return object.mechanism_->decommit(record, {request.range.offset, request.range.length});
+        });
+    }
+
+    static NxmemStatusCode slot_mapped_bytes(NxmemAllocatorVtable* table,
+                                             const NxmemAllocation* raw, std::uint64_t* mapped,
+                                             NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(described, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            if (mapped == nullptr) {
+                return fail(status_code::invalid_argument, "mapped_bytes output is NULL");
+            }
+            NXMEM_TRY(record, object.registry_.find(described));
+            NXMEM_TRY(bytes, object.mechanism_->mapped_bytes(record));
+            *mapped = bytes;
+            return boost::outcome_v2::success();
+        });
+    }
+
+    // ---- shared mapping ----
+
+    result<void> check_prefix(const NxmemSharedPrefixHandle& prefix) const {
+        return check_identity(prefix.mechanism_id, prefix.device);
+    }
+
+    static NxmemStatusCode slot_create_shared_prefix(NxmemAllocatorVtable* table,
+                                                     const NxmemSharedPrefixRequest* raw,
+                                                     NxmemSharedPrefixHandle* out,
+                                                     NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
+            if (request.size == 0) {
+                return fail(status_code::invalid_argument, "a shared prefix needs a non-zero size");
+            }
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixHandle>()));
+            NXMEM_TRY(prefix_id, object.mechanism_->create_shared_prefix(request.size));
+            this_module().live_shared_prefixes.fetch_add(1);
+            auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
+            handle.mechanism_id = M::mechanism_id;
+            handle.device = object.device_.to_wire();
+            handle.prefix_id = prefix_id;
+            handle.size = request.size;
+            return abi::write_output(out, handle);
+        });
+    }
+
+    static NxmemStatusCode slot_retain_shared_prefix(NxmemAllocatorVtable* table,
+                                                     const NxmemSharedPrefixHandle* raw,
+                                                     NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(prefix, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_prefix(prefix));
+            return object.mechanism_->retain_shared_prefix(prefix.prefix_id);
+        });
+    }
+
+    static NxmemStatusCode slot_release_shared_prefix(NxmemAllocatorVtable* table,
+                                                      const NxmemSharedPrefixHandle* raw,
+                                                      NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(prefix, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_prefix(prefix));
+            NXMEM_TRY(freed, object.mechanism_->release_shared_prefix(prefix.prefix_id));
+            if (freed) {
+                this_module().live_shared_prefixes.fetch_sub(1);
+            }
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static NxmemStatusCode slot_commit_shared_prefix(NxmemAllocatorVtable* table,
+                                                     const NxmemSharedPrefixCommitRequest* raw,
+                                                     NxmemSharedPrefixCommitInfo* out,
+                                                     NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
+                                                 request.allocation.device));
+            NXMEM_TRY_VOID(object.check_prefix(request.prefix));
+            NXMEM_TRY(record, object.registry_.find(request.allocation));
+            if (request.prefix.size > record.size) {
+                return fail(status_code::invalid_argument,
+                            "a prefix of " + std::to_string(request.prefix.size) +
+                                " bytes does not fit an allocation of " +
+                                std::to_string(record.size));
+            }
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
+            NXMEM_TRY(commit, object.mechanism_->commit_shared_prefix(record, request.prefix.prefix_id));
+            object.registry_.update(record.address, [](allocation_record& live) { ++live.views; });
+            this_module().live_views.fetch_add(1);
+            auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
+            info.shared_bytes = commit.shared_bytes;
+            info.newly_mapped_bytes = commit.newly_mapped_bytes;
+            info.sharers = commit.sharers;
+            return abi::write_output(out, info);
+        });
+    }
+
+    static constexpr NxmemVirtualBackingVtable make_virtual_backing_table() noexcept {
+        NxmemVirtualBackingVtable vb{};
+        vb.struct_size = sizeof vb;
+        vb.abi_minor = NXMEM_ABI_MINOR_BASELINE;
+        vb.type_tag = NXMEM_TYPE_TAG_VIRTUAL_BACKING;
+        vb.commit = &slot_commit;
+        vb.decommit = &slot_decommit;
+        vb.mapped_bytes = &slot_mapped_bytes;
+        return vb;
+    }
+    static constexpr NxmemSharedMappingVtable make_shared_mapping_table() noexcept {
+        NxmemSharedMappingVtable sm{};
+        sm.struct_size = sizeof sm;
+        sm.abi_minor = NXMEM_ABI_MINOR_BASELINE;
+        sm.type_tag = NXMEM_TYPE_TAG_SHARED_MAPPING;
+        sm.create_shared_prefix = &slot_create_shared_prefix;
+        sm.retain_shared_prefix = &slot_retain_shared_prefix;
+        sm.release_shared_prefix = &slot_release_shared_prefix;
+        sm.commit_shared_prefix = &slot_commit_shared_prefix;
+        return sm;
+    }
+
+    struct queued_release {
+        std::uint64_t ticket = 0;
+        allocation_record record;
+    };
+
+    detail::allocator_shell shell_{};
+    std::atomic<std::uint32_t> references_{1};
+    std::unique_ptr<M> mechanism_;
+    host_link host_;
+    device_id device_;
+    allocation_registry registry_;
+    std::mutex queue_mutex_;
+    std::deque<queued_release> queue_;
+    std::atomic<bool> draining_{false};
+};
+
+} // namespace nxmem::plugin

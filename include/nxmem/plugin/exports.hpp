@@ -1,0 +1,97 @@
+// The three exports of a plugin written with the kit, and the macro that defines them:
+//   NXMEM_EXPORT_PLUGIN(eager_mechanism, lazy_mechanism)
+#pragma once
+
+#include <nxmem/abi/request.hpp>
+#include <nxmem/abi/version.hpp>
+#include <nxmem/plugin/factory.hpp>
+#include <nxmem/plugin/guard.hpp>
+#include <nxmem/plugin/module_state.hpp>
+
+#include <array>
+#include <cstdint>
+
+namespace nxmem::plugin {
+
+template <publishable... Ms> struct plugin_exports {
+    static_assert(sizeof...(Ms) >= 1 && sizeof...(Ms) <= NXMEM_MAX_FACTORIES,
+                  "a plugin publishes between 1 and NXMEM_MAX_FACTORIES mechanisms");
+    static constexpr bool ids_are_unique() {
+        constexpr std::array<std::uint64_t, sizeof...(Ms)> ids{Ms::mechanism_id...};
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            for (std::size_t j = i + 1; j < ids.size(); ++j) {
+                if (ids[i] == ids[j]) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+    static_assert(ids_are_unique(), "mechanism ids are unique within a plugin");
+
+    // The plugin speaks every minor of this header's major.
+    static constexpr abi::version_range plugin_range{};
+
+    static NxmemStatusCode negotiate(const NxmemNegotiateRequest* raw,
+                                     NxmemNegotiateResponse* out, NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY(agreed, abi::choose_version(abi::version_range::from_wire(request.host_range),
+                                                  plugin_range));
+            this_module().negotiated_minor.store(agreed.minor);
+            auto response = abi::make_struct<NxmemNegotiateResponse>();
+            response.major = agreed.major;
+            response.minor = agreed.minor;
+            response.plugin_range = plugin_range.to_wire();
+            return abi::write_output(out, response);
+        });
+    }
+
+    static NxmemStatusCode create_factories(NxmemAllocatorFactoryVtable** out,
+                                            std::uint32_t capacity, std::uint32_t* count,
+                                            NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            if (count == nullptr || (out == nullptr && capacity > 0)) {
+                return fail(status_code::invalid_argument, "factory output is NULL");
+            }
+            *count = sizeof...(Ms);
+            if (capacity < sizeof...(Ms)) {
+                return fail(status_code::invalid_argument,
+                            "this plugin publishes " + std::to_string(sizeof...(Ms)) +
+                                " factories; capacity is " + std::to_string(capacity));
+            }
+            std::size_t next = 0;
+            ((out[next++] = factory_object<Ms>::create()), ...);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static NxmemStatusCode query_unload_readiness(NxmemUnloadReport* out,
+                                                  NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            return abi::write_output(out, this_module().report());
+        });
+    }
+};
+
+} // namespace nxmem::plugin
+
+// Defines the three exports for the listed mechanism classes.
+#define NXMEM_EXPORT_PLUGIN(...)                                                                   \
+    extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemNegotiate(                                 \
+        const NxmemNegotiateRequest* request, NxmemNegotiateResponse* response,                    \
+        NxmemStatus* status) {                                                                     \
+        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::negotiate(request, response, status); \
+    }                                                                                              \
+    extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemCreateAllocatorFactories(                  \
+        NxmemAllocatorFactoryVtable** factories, uint32_t capacity, uint32_t* count,               \
+        NxmemStatus* status) {                                                                     \
+        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::create_factories(factories, capacity, \
+                                                                              count, status);      \
+    }                                                                                              \
+    extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemQueryUnloadReadiness(                      \
+        NxmemUnloadReport* report, NxmemStatus* status) {                                          \
+        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::query_unload_readiness(report,        \
+                                                                                    status);       \
+    }                                                                                              \
+    static_assert(true, "NXMEM_EXPORT_PLUGIN is used as a declaration")

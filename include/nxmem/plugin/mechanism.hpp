@@ -1,0 +1,145 @@
+// What a C++ mechanism class provides to the plugin kit. The kit builds the C tables from it:
+// optional capabilities are detected by these concepts, so a capability flag and its slots can
+// never disagree, and the table's abi_minor follows from the slots actually filled.
+#pragma once
+
+#include <nxmem/abi/result.hpp>
+#include <nxmem/allocation.hpp>
+#include <nxmem/concepts/shared_mapping.hpp>
+#include <nxmem/device.hpp>
+#include <nxmem/plugin/host_link.hpp>
+#include <nxmem/plugin/options.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+namespace nxmem::plugin {
+
+constexpr std::uint64_t device_bit(NxmemDeviceType type) noexcept { return 1ull << type; }
+
+// What a mechanism learns when an allocator opens. It must take every option it understands;
+// the kit refuses the open if any option is left untaken.
+struct open_context {
+    std::uint64_t mechanism_id;
+    device_id device;
+    plugin::options& options;
+    const host_link& host;
+};
+
+// Memory a mechanism handed out: `size` usable bytes (at least those asked for) and the bytes
+// that cost memory now (`size` when eager, 0 when only reserved).
+struct block {
+    std::uint64_t address = 0;
+    std::uint64_t size = 0;
+    std::uint64_t mapped_bytes = 0;
+};
+
+// A live allocation as the kit recorded it; handed back to the mechanism on every later call,
+// after the kit has checked the host's description against it.
+struct allocation_record {
+    std::uint64_t address = 0;
+    std::uint64_t size = 0; // as requested
+    std::uint64_t alignment = 0;
+    std::uint64_t allocation_id = 0;
+    std::uint64_t views = 0; // shared prefixes mapped into it
+};
+
+// How a release ended, as a mechanism reports it. `state` is any NxmemReleaseState; a mechanism
+// may report a state from a later contract level (the host reads it as quarantine).
+struct release_outcome {
+    NxmemReleaseState state = NXMEM_RELEASE_COMPLETE;
+    std::uint64_t unmapped_bytes = 0;
+    std::uint64_t residual_owned_bytes = 0;
+};
+
+// "the mechanism has a name, a non-zero id and the device types it serves"
+template <class M>
+concept mechanism_identity = requires {
+    { M::name } -> std::convertible_to<const char*>;
+    { M::mechanism_id } -> std::convertible_to<std::uint64_t>;
+    { M::device_types } -> std::convertible_to<std::uint64_t>;
+};
+
+// A mechanism that builds its allocator table by hand (the test plugin's malformed tables).
+template <class M>
+concept raw_mechanism = mechanism_identity<M> &&
+    requires(const NxmemOpenRequest* request, NxmemAllocatorVtable** out, NxmemStatus* status) {
+        { M::abi_minor } -> std::convertible_to<std::uint32_t>;
+        { M::open_raw(request, out, status) } -> std::same_as<NxmemStatusCode>;
+    };
+
+// "the mechanism opens per allocator, allocates and deallocates"
+template <class M>
+concept mechanism = mechanism_identity<M> &&
+    requires(open_context& context, M& instance, std::uint64_t size, std::uint64_t alignment,
+             const allocation_record& record) {
+        { M::open(context) } -> std::same_as<result<std::unique_ptr<M>>>;
+        { instance.allocate(size, alignment) } -> std::same_as<result<block>>;
+        { instance.deallocate(record) } -> std::same_as<result<void>>;
+    };
+
+// NXMEM_CAP_VIRTUAL_BACKING: commit, decommit, mapped_bytes.
+template <class M>
+concept offers_virtual_backing = mechanism<M> &&
+    requires(M& instance, const allocation_record& record, byte_range range) {
+        { instance.commit(record, range) } -> std::same_as<result<void>>;
+        { instance.decommit(record, range) } -> std::same_as<result<void>>;
+        { instance.mapped_bytes(record) } -> std::same_as<result<std::uint64_t>>;
+    };
+
+// NXMEM_CAP_SHARED_MAPPING: prefixes named by a mechanism-chosen id. release_shared_prefix
+// returns true when the last reference went; commit_shared_prefix maps the prefix at the start of
+// the allocation (the mapping holds its own reference until the allocation is released).
+template <class M>
+concept offers_shared_mapping = mechanism<M> &&
+    requires(M& instance, std::uint64_t size, std::uint64_t prefix_id,
+             const allocation_record& record) {
+        { instance.create_shared_prefix(size) } -> std::same_as<result<std::uint64_t>>;
+        { instance.retain_shared_prefix(prefix_id) } -> std::same_as<result<void>>;
+        { instance.release_shared_prefix(prefix_id) } -> std::same_as<result<bool>>;
+        { instance.commit_shared_prefix(record, prefix_id) } -> std::same_as<result<prefix_commit>>;
+    };
+
+// NXMEM_CAP_DEFERRED_RELEASE: a queued allocation retires when `retire` returns an outcome;
+// nullopt means "not yet" and keeps it (and everything queued after it) in the queue.
+template <class M>
+concept offers_deferred_release = mechanism<M> &&
+    requires(M& instance, const allocation_record& record) {
+        { instance.retire(record) } -> std::same_as<result<std::optional<release_outcome>>>;
+    };
+
+// NXMEM_CAP_STRUCTURED_RELEASE (minor 1): a release that reports its outcome.
+template <class M>
+concept offers_structured_release = mechanism<M> &&
+    requires(M& instance, const allocation_record& record) {
+        { instance.release_allocation(record) } -> std::same_as<result<release_outcome>>;
+    };
+
+// NXMEM_CAP_HOST_RECLAIM: the mechanism may call the host's request_reclaim.
+template <class M>
+concept uses_host_reclaim = mechanism<M> && requires {
+    requires M::uses_host_reclaim;
+};
+
+template <mechanism M> constexpr NxmemCapabilities capabilities_of() noexcept {
+    NxmemCapabilities flags = 0;
+    flags |= offers_virtual_backing<M> ? NXMEM_CAP_VIRTUAL_BACKING : 0;
+    flags |= offers_shared_mapping<M> ? NXMEM_CAP_SHARED_MAPPING : 0;
+    flags |= offers_deferred_release<M> ? NXMEM_CAP_DEFERRED_RELEASE : 0;
+    flags |= offers_structured_release<M> ? NXMEM_CAP_STRUCTURED_RELEASE : 0;
+    flags |= uses_host_reclaim<M> ? NXMEM_CAP_HOST_RECLAIM : 0;
+    return flags;
+}
+
+// The level a mechanism's allocator table declares: the newest slot it fills.
+template <class M> constexpr std::uint32_t declared_minor_of() noexcept {
+    if constexpr (raw_mechanism<M>) {
+        return M::abi_minor;
+    } else {
+        return offers_structured_release<M> ? 1u : 0u;
+    }
+}
+
+} // namespace nxmem::plugin
