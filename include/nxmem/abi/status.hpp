@@ -94,7 +94,9 @@ inline NxmemStatusCode write_status(NxmemStatus* status, NxmemStatusCode code,
         std::min<std::size_t>(size - offsetof(NxmemStatus, message), NXMEM_STATUS_MESSAGE_BYTES);
     const std::size_t length = utf8_prefix_length(message, buffer - 1);
     char* out = reinterpret_cast<char*>(status) + offsetof(NxmemStatus, message);
-    std::memcpy(out, message.data(), length);
+    if (length > 0) { // a default string_view's data() is NULL, which memcpy may not receive
+        std::memcpy(out, message.data(), length);
+    }
     out[length] = '\0';
     return code;
 }
