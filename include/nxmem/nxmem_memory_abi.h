@@ -12,6 +12,14 @@
  * appended; each is annotated with the minor that added it. Offsets below are for 64-bit
  * targets (LP64 and LLP64), the only ones this ABI is defined for.
  *
+ * Sealed records. Records embedded by value in other structs (NxmemDeviceId, NxmemAllocation,
+ * NxmemByteRange, NxmemReleaseOutcome, NxmemSharedPrefixHandle, NxmemVersionRange) never grow:
+ * growing one would move the outer struct's later fields. A new field goes into the outer struct.
+ *
+ * Reserved fields and flags. A sender sets every `reserved` field and every `flags` field to zero.
+ * A receiver ignores `reserved`; it refuses (INVALID_ARGUMENT) a request with a flag bit it does not
+ * know. Major 1 defines no flags.
+ *
  * Layout annotations. Each struct is preceded by `@layout NAME size=S align=A since=M` and each
  * field is followed by `@field NAME offset=O size=S since=M`. These comments are machine-read:
  * the header-contract tests check them against the compiler, against a C compiler through
@@ -50,6 +58,13 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* The offsets below hold for 64-bit targets only. */
+#ifdef __cplusplus
+static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets only");
+#else
+_Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets only");
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -192,7 +207,9 @@ typedef struct NxmemAllocRequest {
     uint64_t alignment;                         /* @field alignment offset=48 size=8 since=0 */
 } NxmemAllocRequest;
 
-/* Plugin → host: where the allocation lives. `mapped_bytes` is what the allocation costs now:
+/* Plugin → host: where the allocation lives. `size` is the usable size, at least what was asked
+ * for; the host describes the allocation back (NxmemAllocation::size) with the size it asked for.
+ * `mapped_bytes` is what the allocation costs now:
  * `size` for an eager mechanism, 0 for a virtual-backing one until ranges are committed. The
  * plugin writes only within the struct_size the host set. */
 /* @layout NxmemAllocResult size=32 align=8 since=0 */
