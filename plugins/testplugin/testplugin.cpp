@@ -129,29 +129,21 @@ struct lazy_mechanism {
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
         std::lock_guard lock(mutex_);
         const std::uint64_t id = ++last_prefix_id_;
-        prefixes_[id] = prefix{size, 1, 0};
+        prefixes_[id] = prefix{size, 0};
         return id;
-    }
-    result<void> retain_shared_prefix(std::uint64_t prefix_id) {
-        std::lock_guard lock(mutex_);
-        NXMEM_TRY(found, find_prefix(prefix_id));
-        ++found->references;
-        return boost::outcome_v2::success();
-    }
-    result<bool> release_shared_prefix(std::uint64_t prefix_id) {
-        std::lock_guard lock(mutex_);
-        NXMEM_TRY(found, find_prefix(prefix_id));
-        return drop_reference(prefix_id, *found);
     }
     result<prefix_commit> commit_shared_prefix(const allocation_record& record,
                                                std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
-        NXMEM_TRY(found, find_prefix(prefix_id));
-        ++found->references; // the mapping's own reference
-        ++found->sharers;
+        prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
+        ++found.sharers;
         live_.at(record.address).prefixes.push_back(prefix_id);
         // The prefix's bytes are costed once: only the first mapping maps new memory.
-        return prefix_commit{found->size, found->sharers == 1 ? found->size : 0, found->sharers};
+        return prefix_commit{found.size, found.sharers == 1 ? found.size : 0, found.sharers};
+    }
+    void destroy_shared_prefix(std::uint64_t prefix_id) {
+        std::lock_guard lock(mutex_);
+        prefixes_.erase(prefix_id);
     }
 
 private:
@@ -161,7 +153,6 @@ private:
     };
     struct prefix {
         std::uint64_t size;
-        std::uint64_t references;
         std::uint64_t sharers;
     };
 
@@ -191,32 +182,13 @@ private:
         return boost::outcome_v2::success();
     }
 
-    result<prefix*> find_prefix(std::uint64_t prefix_id) {
-        auto found = prefixes_.find(prefix_id);
-        if (found == prefixes_.end()) {
-            return fail(status_code::invalid_argument,
-                        "no shared prefix with id " + std::to_string(prefix_id));
-        }
-        return &found->second;
-    }
-
-    bool drop_reference(std::uint64_t prefix_id, prefix& held) {
-        if (--held.references == 0) {
-            prefixes_.erase(prefix_id);
-            return true;
-        }
-        return false;
-    }
-
     // Undoes an allocation's mappings; returns what it had mapped.
     std::uint64_t unmap_all(const allocation_record& record) {
         std::lock_guard lock(mutex_);
         auto found = live_.find(record.address);
         const std::uint64_t bytes = committed_bytes(record, found->second);
         for (std::uint64_t prefix_id : found->second.prefixes) {
-            prefix& held = prefixes_.at(prefix_id);
-            --held.sharers;
-            drop_reference(prefix_id, held);
+            --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
         }
         live_.erase(found);
         return bytes;

@@ -6,7 +6,7 @@
 
 namespace nxmem::host {
 
-using detail::guard_status;
-using detail::guard_void;
+using ::nxmem::detail::guard_status;
+using ::nxmem::detail::guard_void;
 
 } // namespace nxmem::host

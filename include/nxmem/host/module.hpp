@@ -71,10 +71,12 @@ public:
                                            failure);
         if (failure || !library.is_loaded()) {
             // Boost.DLL reports only an error code; the loader's own words are in dlerror().
+            // (glibc's text already names the file).
             const char* loader_text = ::dlerror();
             return fail(status_code::invalid_argument,
-                        "cannot load " + path.string() + ": " +
-                            (loader_text != nullptr ? std::string(loader_text) : failure.message()));
+                        loader_text != nullptr
+                            ? "cannot load: " + std::string(loader_text)
+                            : "cannot load " + path.string() + ": " + failure.message());
         }
         std::string missing;
         for (const char* symbol : {NXMEM_EXPORT_NEGOTIATE, NXMEM_EXPORT_CREATE_ALLOCATOR_FACTORIES,

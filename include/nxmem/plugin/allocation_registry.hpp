@@ -9,7 +9,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -42,13 +41,17 @@ public:
         return match(owner, described);
     }
 
-    // Applies `change` to the record at `address`, if it is still live.
-    void update(std::uint64_t address, const std::function<void(allocation_record&)>& change) {
+    // Records that `prefix_id` is mapped into the allocation at `address`; false if that
+    // allocation is no longer live.
+    bool add_prefix(std::uint64_t address, std::uint64_t prefix_id) {
         shard& owner = shard_of(address);
         std::lock_guard lock(owner.mutex);
-        if (auto found = owner.records.find(address); found != owner.records.end()) {
-            change(found->second);
+        auto found = owner.records.find(address);
+        if (found == owner.records.end()) {
+            return false;
         }
+        found->second.prefixes.push_back(prefix_id);
+        return true;
     }
 
     // Every record, removed: what is left when the allocator goes away.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace nxmem::plugin {
@@ -113,6 +114,12 @@ private:
             forget(queued.record);
             this_module().queued_releases.fetch_sub(1);
         }
+        if constexpr (offers_shared_mapping<M>) {
+            for (const auto& [prefix_id, references] : prefix_references_) {
+                mechanism_->destroy_shared_prefix(prefix_id);
+                this_module().live_shared_prefixes.fetch_sub(1);
+            }
+        }
         this_module().live_allocators.fetch_sub(1);
     }
 
@@ -140,9 +147,15 @@ private:
         return boost::outcome_v2::success();
     }
 
-    void forget(const allocation_record& record) noexcept {
+    // The allocation is gone: uncount it and drop the references its mappings held.
+    void forget(const allocation_record& record) {
         this_module().live_allocations.fetch_sub(1);
-        this_module().live_views.fetch_sub(record.views);
+        this_module().live_views.fetch_sub(record.prefixes.size());
+        if constexpr (offers_shared_mapping<M>) {
+            for (std::uint64_t prefix_id : record.prefixes) {
+                (void)drop_prefix_reference(prefix_id); // the id is live: it was mapped
+            }
+        }
     }
 
     // ---- allocator slots ----
@@ -153,6 +166,11 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(request, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
+            if (request.flags != 0) {
+                return fail(status_code::invalid_argument,
+                            "unknown allocation flags 0x" + nxmem::detail::to_hex(request.flags) +
+                                " (major 1 defines none)");
+            }
             if (request.size == 0 || !std::has_single_bit(request.alignment)) {
                 return fail(status_code::invalid_argument,
                             "size must be non-zero and alignment a power of two (size " +
@@ -162,8 +180,8 @@ private:
             // Refuse an unusable output before allocating, so nothing can leak.
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
             NXMEM_TRY(memory, object.mechanism_->allocate(request.size, request.alignment));
-            object.registry_.insert({memory.address, request.size, request.alignment,
-                                     request.allocation_id, 0});
+            object.registry_.insert(
+                {memory.address, request.size, request.alignment, request.allocation_id, {}});
             this_module().live_allocations.fetch_add(1);
             auto written = abi::make_struct<NxmemAllocResult>();
             written.address = memory.address;
@@ -289,8 +307,7 @@ private:
                 queue_.pop_front();
             }
             this_module().queued_releases.fetch_sub(1);
-            this_module().live_allocations.fetch_sub(1);
-            this_module().live_views.fetch_sub(next.record.views);
+            forget(next.record);
             auto completion = abi::make_struct<NxmemReleaseCompletion>();
             completion.ticket = next.ticket;
             completion.mechanism_id = M::mechanism_id;
@@ -358,9 +375,39 @@ private:
     }
 
     // ---- shared mapping ----
+    // The kit counts each prefix's references: the creator's, each retain, one per mapping.
 
     result<void> check_prefix(const NxmemSharedPrefixHandle& prefix) const {
         return check_identity(prefix.mechanism_id, prefix.device);
+    }
+
+    result<void> add_prefix_reference(std::uint64_t prefix_id) {
+        std::lock_guard lock(prefix_mutex_);
+        auto found = prefix_references_.find(prefix_id);
+        if (found == prefix_references_.end()) {
+            return fail(status_code::invalid_argument,
+                        "no live shared prefix with id " + std::to_string(prefix_id));
+        }
+        ++found->second;
+        return boost::outcome_v2::success();
+    }
+
+    result<void> drop_prefix_reference(std::uint64_t prefix_id) {
+        {
+            std::lock_guard lock(prefix_mutex_);
+            auto found = prefix_references_.find(prefix_id);
+            if (found == prefix_references_.end()) {
+                return fail(status_code::invalid_argument,
+                            "no live shared prefix with id " + std::to_string(prefix_id));
+            }
+            if (--found->second > 0) {
+                return boost::outcome_v2::success();
+            }
+            prefix_references_.erase(found);
+        }
+        mechanism_->destroy_shared_prefix(prefix_id);
+        this_module().live_shared_prefixes.fetch_sub(1);
+        return boost::outcome_v2::success();
     }
 
     static NxmemStatusCode slot_create_shared_prefix(NxmemAllocatorVtable* table,
@@ -376,6 +423,10 @@ private:
             }
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixHandle>()));
             NXMEM_TRY(prefix_id, object.mechanism_->create_shared_prefix(request.size));
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                object.prefix_references_[prefix_id] = 1;
+            }
             this_module().live_shared_prefixes.fetch_add(1);
             auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
             handle.mechanism_id = M::mechanism_id;
@@ -393,7 +444,7 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(prefix, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_prefix(prefix));
-            return object.mechanism_->retain_shared_prefix(prefix.prefix_id);
+            return object.add_prefix_reference(prefix.prefix_id);
         });
     }
 
@@ -404,11 +455,7 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(prefix, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_prefix(prefix));
-            NXMEM_TRY(freed, object.mechanism_->release_shared_prefix(prefix.prefix_id));
-            if (freed) {
-                this_module().live_shared_prefixes.fetch_sub(1);
-            }
-            return boost::outcome_v2::success();
+            return object.drop_prefix_reference(prefix.prefix_id);
         });
     }
 
@@ -430,13 +477,20 @@ private:
                                 std::to_string(record.size));
             }
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
-            NXMEM_TRY(commit, object.mechanism_->commit_shared_prefix(record, request.prefix.prefix_id));
-            object.registry_.update(record.address, [](allocation_record& live) { ++live.views; });
+            const std::uint64_t prefix_id = request.prefix.prefix_id;
+            NXMEM_TRY_VOID(object.add_prefix_reference(prefix_id)); // the mapping's own
+            result<prefix_commit> commit = object.mechanism_->commit_shared_prefix(record, prefix_id);
+            if (!commit || !object.registry_.add_prefix(record.address, prefix_id)) {
+                (void)object.drop_prefix_reference(prefix_id);
+                return commit ? fail(status_code::unknown_allocation,
+                                     "the allocation was released while the prefix was mapped")
+                              : fail(commit.error().code, commit.error().message);
+            }
             this_module().live_views.fetch_add(1);
             auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
-            info.shared_bytes = commit.shared_bytes;
-            info.newly_mapped_bytes = commit.newly_mapped_bytes;
-            info.sharers = commit.sharers;
+            info.shared_bytes = commit.value().shared_bytes;
+            info.newly_mapped_bytes = commit.value().newly_mapped_bytes;
+            info.sharers = commit.value().sharers;
             return abi::write_output(out, info);
         });
     }
@@ -477,6 +531,8 @@ private:
     std::mutex queue_mutex_;
     std::deque<queued_release> queue_;
     std::atomic<bool> draining_{false};
+    std::mutex prefix_mutex_;
+    std::unordered_map<std::uint64_t, std::uint64_t> prefix_references_;
 };
 
 } // namespace nxmem::plugin

@@ -6,8 +6,8 @@
 namespace nxmem::plugin {
 
 // guard(status, body): body's NxmemStatusCode, or INTERNAL_ERROR with what() if it threw.
-using detail::guard_status;
+using ::nxmem::detail::guard_status;
 // guard_void(body [, on_failure]): for slots without a status (retain, release).
-using detail::guard_void;
+using ::nxmem::detail::guard_void;
 
 } // namespace nxmem::plugin

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace nxmem::plugin {
 
@@ -43,7 +44,7 @@ struct allocation_record {
     std::uint64_t size = 0; // as requested
     std::uint64_t alignment = 0;
     std::uint64_t allocation_id = 0;
-    std::uint64_t views = 0; // shared prefixes mapped into it
+    std::vector<std::uint64_t> prefixes; // shared prefixes mapped into it, by id
 };
 
 // How a release ended, as a mechanism reports it. `state` is any NxmemReleaseState; a mechanism
@@ -89,17 +90,17 @@ concept offers_virtual_backing = mechanism<M> &&
         { instance.mapped_bytes(record) } -> std::same_as<result<std::uint64_t>>;
     };
 
-// NXMEM_CAP_SHARED_MAPPING: prefixes named by a mechanism-chosen id. release_shared_prefix
-// returns true when the last reference went; commit_shared_prefix maps the prefix at the start of
-// the allocation (the mapping holds its own reference until the allocation is released).
+// NXMEM_CAP_SHARED_MAPPING: prefixes named by a mechanism-chosen id. The kit counts references
+// (the creator's, each retain, and one per mapping) and calls destroy_shared_prefix when the last
+// one goes. commit_shared_prefix maps the prefix at the start of the allocation; the mechanism's
+// deallocate (and release_allocation, retire) undo an allocation's mappings before returning.
 template <class M>
 concept offers_shared_mapping = mechanism<M> &&
     requires(M& instance, std::uint64_t size, std::uint64_t prefix_id,
              const allocation_record& record) {
         { instance.create_shared_prefix(size) } -> std::same_as<result<std::uint64_t>>;
-        { instance.retain_shared_prefix(prefix_id) } -> std::same_as<result<void>>;
-        { instance.release_shared_prefix(prefix_id) } -> std::same_as<result<bool>>;
         { instance.commit_shared_prefix(record, prefix_id) } -> std::same_as<result<prefix_commit>>;
+        { instance.destroy_shared_prefix(prefix_id) } -> std::same_as<void>;
     };
 
 // NXMEM_CAP_DEFERRED_RELEASE: a queued allocation retires when `retire` returns an outcome;

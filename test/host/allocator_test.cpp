@@ -1,0 +1,299 @@
+// Opening allocators and the misuse the host and the plugin must each refuse.
+#include "../support/loaded.hpp"
+#include "../support/plugin_paths.hpp"
+
+#include <nxmem/host.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+using namespace nxmem;
+using nxmem::test::load_or_fail;
+using nxmem::test::open_or_fail;
+using nxmem::test::value_or_fail;
+
+namespace {
+
+// Calls the plugin's own deallocate slot, with no host check in front of it.
+template <Device D>
+status_code raw_deallocate(const host::plugin_allocator<D>& allocator, const NxmemAllocation& described) {
+    NxmemStatus status = nxmem::abi::make_status();
+    return status_code_from_wire(
+        allocator.checked_table().deallocate(allocator.raw_table(), &described, &status));
+}
+
+template <Device D> NxmemAllocation wire(const allocation<D>& live) {
+    return host::detail::to_wire(live);
+}
+
+} // namespace
+
+TEST_CASE("a short allocator vtable is refused before any slot is read", "[tables]") {
+    auto module = load_or_fail(test::testplugin_path());
+    auto opened = host::open_allocator<cpu_device>(module, "short-struct");
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().code == status_code::contract_violation);
+    CHECK_THAT(opened.error().message, Catch::Contains("struct_size is 40"));
+    CHECK(value_or_fail(module->readiness()).ready()); // nothing was counted, nothing leaked
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a vtable smaller than the level it claims is refused", "[tables]") {
+    const std::string path = test::testplugin_path();
+    test::library_handle keep(path);
+    const std::uint64_t released_before = keep.counter("NxmemTestOverclaimingReleases");
+    auto module = load_or_fail(path);
+    auto opened = host::open_allocator<cpu_device>(module, "overclaiming");
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().code == status_code::contract_violation);
+    CHECK_THAT(opened.error().message, Catch::Contains("claims minor 1"));
+    // Refused, but well-formed enough to locate its release slot: the host still releases it.
+    CHECK(keep.counter("NxmemTestOverclaimingReleases") - released_before == 1);
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a mechanism without optional capabilities reports none", "[tables]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        CHECK(eager.capabilities() == 0);
+        CHECK(eager.declared_minor() == 0);
+        auto backing = eager.virtual_backing();
+        REQUIRE_FALSE(backing);
+        CHECK(backing.error().code == status_code::unsupported_capability);
+        auto mapping = eager.shared_mapping();
+        REQUIRE_FALSE(mapping);
+        CHECK(mapping.error().code == status_code::unsupported_capability);
+        auto live = value_or_fail(eager.allocate(64, 16));
+        auto queued = eager.enqueue_release(live);
+        REQUIRE_FALSE(queued);
+        CHECK(queued.error().code == status_code::unsupported_capability);
+        CHECK(value_or_fail(eager.release(live)).state == release_state::complete);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a mechanism declares the level of the slots it fills", "[tables]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "lazy");
+        CHECK(lazy.declared_minor() == 1);
+        CHECK(lazy.effective_minor() == 1);
+        CHECK(lazy.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
+                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE));
+        auto probe = open_or_fail<cpu_device>(module, "callback-probe");
+        CHECK(probe.capabilities() == NXMEM_CAP_HOST_RECLAIM);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a minor 0 mechanism works under a minor 1 host", "[versions]") {
+    auto module = load_or_fail(test::testplugin_path());
+    REQUIRE(module->version().minor == 1);
+    {
+        auto legacy = open_or_fail<cpu_device>(module, "legacy-1-0");
+        CHECK(legacy.declared_minor() == 0);
+        CHECK(legacy.effective_minor() == 0);
+        CHECK(legacy.checked_table().release_allocation == nullptr);
+        auto live = value_or_fail(legacy.allocate(4096, 64));
+        auto report = value_or_fail(legacy.release(live));
+        CHECK(report.state == release_state::complete);
+        CHECK(report.unmapped_bytes == 4096);
+        // its minor-0 capability, deferred release, works too
+        auto queued = value_or_fail(legacy.allocate(128, 8));
+        const std::uint64_t ticket = value_or_fail(legacy.enqueue_release(queued));
+        auto retired = value_or_fail(legacy.drain_releases());
+        REQUIRE(retired.size() == 1);
+        CHECK(retired[0].ticket == ticket);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("an older host range still drives the current plugin", "[versions]") {
+    host::load_options older;
+    older.host_range = {1, 0, 0};
+    auto module = load_or_fail(test::testplugin_path(), older);
+    REQUIRE(module->version().minor == 0);
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "lazy");
+        CHECK(lazy.declared_minor() == 1);   // the plugin is newer...
+        CHECK(lazy.effective_minor() == 0);  // ...and clamped to what the host speaks
+        CHECK(lazy.checked_table().release_allocation == nullptr);
+        CHECK((lazy.capabilities() & NXMEM_CAP_STRUCTURED_RELEASE) == 0);
+        CHECK((lazy.capabilities() & NXMEM_CAP_VIRTUAL_BACKING) != 0);
+        auto live = value_or_fail(lazy.allocate(8192, 4096));
+        CHECK(value_or_fail(lazy.release(live)).state == release_state::complete);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a release that misdescribes the allocation is refused", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        const auto live = value_or_fail(eager.allocate(256, 64));
+
+        SECTION("by the host, before the plugin is called") {
+            for (auto misdescribe : {+[](allocation<cpu_device>& a) { a.size += 1; },
+                                     +[](allocation<cpu_device>& a) { a.alignment = 32; },
+                                     +[](allocation<cpu_device>& a) {
+                                         a.address = static_cast<char*>(a.address) + 64;
+                                     }}) {
+                allocation<cpu_device> wrong = live;
+                misdescribe(wrong);
+                auto refused = eager.release(wrong);
+                REQUIRE_FALSE(refused);
+                CHECK(refused.error().code == status_code::invalid_argument);
+                CHECK_THAT(refused.error().message, Catch::Contains("misdescribed"));
+            }
+        }
+        SECTION("by the plugin, when a caller reaches its table directly") {
+            NxmemAllocation wrong = wire(live);
+            wrong.size = 255;
+            CHECK(raw_deallocate(eager, wrong) == status_code::invalid_argument);
+            wrong = wire(live);
+            wrong.allocation_id += 1000;
+            CHECK(raw_deallocate(eager, wrong) == status_code::invalid_argument);
+        }
+        // The allocation is as live as before: the true description still releases it.
+        CHECK(value_or_fail(eager.release(live)).state == release_state::complete);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("releasing an unknown address fails rather than guessing", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        const auto live = value_or_fail(eager.allocate(128, 16));
+        allocation<cpu_device> unknown = live;
+        unknown.allocation_id = 1u << 30;
+        auto refused = eager.release(unknown);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::unknown_allocation);
+
+        NxmemAllocation stranger = wire(live);
+        stranger.address += 4096; // an address the plugin never handed out
+        CHECK(raw_deallocate(eager, stranger) == status_code::unknown_allocation);
+
+        // released twice: the second time it is unknown
+        REQUIRE(eager.release(live));
+        auto twice = eager.release(live);
+        REQUIRE_FALSE(twice);
+        CHECK(twice.error().code == status_code::unknown_allocation);
+        CHECK(raw_deallocate(eager, wire(live)) == status_code::unknown_allocation);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("an allocation cannot be released by a sibling mechanism", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        auto legacy = open_or_fail<cpu_device>(module, "legacy-1-0");
+        const auto live = value_or_fail(eager.allocate(512, 64));
+        auto refused = legacy.release(live);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::wrong_mechanism);
+        CHECK(raw_deallocate(legacy, wire(live)) == status_code::wrong_mechanism);
+        CHECK(value_or_fail(eager.release(live)).state == release_state::complete);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("an object from another mechanism or device is refused", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "lazy");
+        auto other_device = open_or_fail<cpu_device>(module, "lazy", 1);
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        auto backing = value_or_fail(lazy.virtual_backing());
+        auto mapping = value_or_fail(lazy.shared_mapping());
+
+        const auto foreign = value_or_fail(eager.allocate(8192, 4096));
+        auto commit = backing.commit(foreign, {0, 4096});
+        REQUIRE_FALSE(commit);
+        CHECK(commit.error().code == status_code::wrong_mechanism);
+
+        const auto elsewhere = value_or_fail(other_device.allocate(8192, 4096));
+        auto wrong_device = lazy.release(elsewhere);
+        REQUIRE_FALSE(wrong_device);
+        CHECK(wrong_device.error().code == status_code::wrong_device);
+        NxmemStatus status = nxmem::abi::make_status();
+        NxmemAllocation described = wire(elsewhere);
+        CHECK(lazy.checked_table().deallocate(lazy.raw_table(), &described, &status) ==
+              NXMEM_STATUS_WRONG_DEVICE);
+
+        auto prefix = value_or_fail(mapping.create_prefix(4096));
+        host::shared_prefix forged = prefix;
+        forged.mechanism_id = eager.mechanism_id();
+        auto retained = mapping.retain_prefix(forged);
+        REQUIRE_FALSE(retained);
+        CHECK(retained.error().code == status_code::wrong_mechanism);
+
+        REQUIRE(mapping.release_prefix(prefix));
+        REQUIRE(eager.release(foreign));
+        REQUIRE(other_device.release(elsewhere));
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a mechanism refuses a device type it does not serve", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    auto opened = host::open_allocator<hip_device>(module, "eager");
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().code == status_code::wrong_device);
+    CHECK_THAT(opened.error().message, Catch::Contains("hip"));
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("an option a mechanism does not know is refused by name", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    auto opened = host::open_allocator<cpu_device>(module, "eager", 0, "colour=blue");
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().code == status_code::invalid_argument);
+    CHECK_THAT(opened.error().message, Catch::Contains("colour"));
+    auto malformed = host::open_allocator<cpu_device>(module, "eager", 0, "no equals sign");
+    REQUIRE_FALSE(malformed);
+    CHECK_THAT(malformed.error().message, Catch::Contains("key=value"));
+    CHECK(value_or_fail(module->readiness()).ready());
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a slot that throws yields INTERNAL_ERROR and the host stays usable", "[guard]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto throwing = open_or_fail<cpu_device>(module, "throwing");
+        auto failed = throwing.allocate(64, 8);
+        REQUIRE_FALSE(failed);
+        CHECK(failed.error().code == status_code::internal_error);
+        CHECK_THAT(failed.error().message, Catch::Contains("allocate always throws"));
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        auto live = value_or_fail(eager.allocate(64, 8));
+        CHECK(eager.release(live));
+    }
+    CHECK(value_or_fail(module->readiness()).ready());
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("the C example plugin is driven through the same adapter", "[c-example]") {
+    auto module = load_or_fail(test::minimal_c_plugin_path());
+    {
+        auto minimal = open_or_fail<cpu_device>(module, "minimal-c");
+        CHECK(minimal.capabilities() == 0);
+        auto live = value_or_fail(minimal.allocate(1000, 256));
+        CHECK(reinterpret_cast<std::uintptr_t>(live.address) % 256 == 0);
+        allocation<cpu_device> wrong = live;
+        wrong.size = 999;
+        CHECK_FALSE(minimal.release(wrong));
+        CHECK(raw_deallocate(minimal, [&] { auto w = wire(live); w.size = 999; return w; }()) ==
+              status_code::invalid_argument);
+        CHECK(value_or_fail(minimal.release(live)).state == release_state::complete);
+        auto readiness = value_or_fail(module->readiness());
+        CHECK(readiness.plugin.allocators == 1);
+        CHECK(readiness.plugin.allocations == 0);
+    }
+    REQUIRE(module->try_unload());
+    CHECK_FALSE(test::is_mapped(test::minimal_c_plugin_path()));
+}
