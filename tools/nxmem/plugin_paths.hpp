@@ -1,0 +1,22 @@
+// Which plugins a subcommand looks at when none is named: NXMEM_PLUGIN_PATH when it is set and not
+// empty, else the plugins built with nxmem (their build-tree paths, fixed at build time).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace nxmem::tool {
+
+inline constexpr const char* plugin_path_variable = "NXMEM_PLUGIN_PATH";
+
+struct plugin_list {
+    std::vector<std::string> paths;
+    std::vector<std::string> problems; // entries that yielded no plugin, each with the reason
+    std::string source;                // where the list came from, for messages
+};
+
+// NXMEM_PLUGIN_PATH is colon-separated; a file entry is taken as is (a missing one is reported
+// when it fails to load), a directory entry contributes its *.so files in name order.
+plugin_list default_plugins();
+
+} // namespace nxmem::tool
