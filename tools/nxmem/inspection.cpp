@@ -35,6 +35,7 @@ allocator_probe probe_on(const std::shared_ptr<host::plugin_module>& module,
     probe.capabilities = allocator.capabilities();
     probe.virtual_backing_view = allocator.virtual_backing().has_value();
     probe.shared_mapping_view = allocator.shared_mapping().has_value();
+    probe.capability_tables = allocator.capability_tables();
     return probe;
 }
 

@@ -5,6 +5,7 @@
 
 #include <nxmem/abi/result.hpp>
 #include <nxmem/abi/version.hpp>
+#include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/factory_info.hpp>
 #include <nxmem/host/load_options.hpp>
 #include <nxmem/host/tally.hpp>
@@ -27,6 +28,7 @@ struct allocator_probe {
     NxmemCapabilities capabilities = 0;
     bool virtual_backing_view = false;
     bool shared_mapping_view = false;
+    std::vector<host::capability_table_level> capability_tables;
 };
 
 struct factory_report {

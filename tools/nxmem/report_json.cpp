@@ -38,6 +38,13 @@ json probe_json(const std::optional<allocator_probe>& probe) {
     out["capability_bits"] = probe->capabilities;
     out["virtual_backing_view"] = probe->virtual_backing_view;
     out["shared_mapping_view"] = probe->shared_mapping_view;
+    json tables = json::array();
+    for (const host::capability_table_level& table : probe->capability_tables) {
+        tables.push_back({{"name", std::string(table.name)},
+                          {"declared_minor", table.declared_minor},
+                          {"effective_minor", table.effective_minor}});
+    }
+    out["capability_tables"] = tables;
     return out;
 }
 

@@ -19,15 +19,14 @@ std::string minor_cell(std::uint32_t major, std::uint32_t declared, std::uint32_
     return cell;
 }
 
-std::string views_cell(const allocator_probe& probe) {
-    std::vector<std::string> views;
-    if (probe.virtual_backing_view) {
-        views.emplace_back("virtual-backing");
+// Each capability table with the level it declares, e.g. "virtual-backing 1.0".
+std::string tables_cell(std::uint32_t major, const allocator_probe& probe) {
+    std::vector<std::string> tables;
+    for (const host::capability_table_level& table : probe.capability_tables) {
+        tables.push_back(std::string(table.name) + " " +
+                         minor_cell(major, table.declared_minor, table.effective_minor));
     }
-    if (probe.shared_mapping_view) {
-        views.emplace_back("shared-mapping");
-    }
-    return join(views, " ", "none");
+    return join(tables, ", ", "none");
 }
 
 // A labelled line: "  label     text".
@@ -61,7 +60,7 @@ void print_mechanisms(std::ostream& out, const plugin_report& report) {
                       {"OPENED ON", align::left},
                       {"ALLOCATOR", align::left},
                       {"CAPABILITIES", align::left},
-                      {"VIEWS", align::left}});
+                      {"CAPABILITY TABLES", align::left}});
     for (const factory_report& entry : report.factories) {
         const host::factory_info& factory = entry.factory;
         std::vector<std::string> row{factory.name, std::to_string(factory.mechanism_id),
@@ -77,12 +76,12 @@ void print_mechanisms(std::ostream& out, const plugin_report& report) {
             row.push_back(device_type_label(probe.device_type));
             row.push_back(minor_cell(report.version.major, probe.declared_minor, probe.effective_minor));
             row.push_back(join(capability_names(probe.capabilities), " ", "none"));
-            row.push_back(views_cell(probe));
+            row.push_back(tables_cell(report.version.major, probe));
         }
         table.add_row(std::move(row));
     }
     table.print(out, "    ");
-    out << "    (FACTORY, ALLOCATOR: the ABI version each table declares)\n";
+    out << "    (FACTORY, ALLOCATOR, CAPABILITY TABLES: the ABI version each table declares)\n";
 }
 
 void print_unload(std::ostream& out, const unload_report& unload) {

@@ -69,6 +69,10 @@ public:
     std::uint32_t declared_minor() const noexcept { return core_->declared_minor(); }
     std::uint32_t effective_minor() const noexcept { return core_->effective_minor(); }
     bool offers_reclaim() const noexcept { return core_->offers_reclaim(); }
+    // The capability tables the allocator points to, with the levels they declare and were read at.
+    const std::vector<capability_table_level>& capability_tables() const noexcept {
+        return core_->capability_tables();
+    }
     std::uint64_t quarantined_bytes() const noexcept { return core_->quarantined_bytes(); }
     const std::shared_ptr<plugin_module>& module() const noexcept { return core_->module(); }
 

@@ -8,6 +8,7 @@
 #include <nxmem/abi/request.hpp>
 #include <nxmem/allocation.hpp>
 #include <nxmem/host/callback_guard.hpp>
+#include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/completion.hpp>
 #include <nxmem/host/detail/live_table.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
@@ -338,6 +339,7 @@ public:
     }
 
     bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
+    const std::vector<capability_table_level>& capability_tables() const noexcept { return tables_; }
     bool has_shared_mapping() const noexcept { return shared_mapping_.has_value(); }
 
     // Views count themselves in the module's tally for as long as they live.
@@ -368,11 +370,13 @@ private:
         }
         if (copy.table.virtual_backing != nullptr) {
             NXMEM_TRY(backing, read_capability_table(copy.table.virtual_backing, ceiling));
-            virtual_backing_ = backing;
+            virtual_backing_ = backing.table;
+            tables_.push_back({"virtual-backing", backing.declared_minor, backing.effective_minor});
         }
         if (copy.table.shared_mapping != nullptr) {
             NXMEM_TRY(mapping, read_capability_table(copy.table.shared_mapping, ceiling));
-            shared_mapping_ = mapping;
+            shared_mapping_ = mapping.table;
+            tables_.push_back({"shared-mapping", mapping.declared_minor, mapping.effective_minor});
         }
         table_ = copy.table;
         declared_minor_ = copy.declared_minor;
@@ -533,6 +537,7 @@ private:
     std::uint32_t declared_minor_ = 0;
     std::optional<NxmemVirtualBackingVtable> virtual_backing_;
     std::optional<NxmemSharedMappingVtable> shared_mapping_;
+    std::vector<capability_table_level> tables_;
     device_id device_;
     std::uint64_t mechanism_id_;
     std::string mechanism_name_;

@@ -78,10 +78,10 @@ inline result<void> check_capabilities(abi::table_copy<NxmemAllocatorVtable>& co
 
 // Reads a capability table the allocator points to and checks its required slots.
 template <abi::growable_table T>
-result<T> read_capability_table(const T* untrusted, std::uint32_t negotiated_minor) {
+result<abi::table_copy<T>> read_capability_table(const T* untrusted, std::uint32_t negotiated_minor) {
     NXMEM_TRY(copy, abi::read_prefix<T>(untrusted, negotiated_minor));
     NXMEM_TRY_VOID(check_required_slots(copy));
-    return copy.table;
+    return copy;
 }
 
 // The release slot of a table the host refuses, if it can be located without trusting more of
