@@ -193,7 +193,8 @@ typedef struct NxmemAllocation {
     uint64_t alignment;                         /* @field alignment offset=56 size=8 since=0 */
 } NxmemAllocation;
 
-/* Host → plugin: allocate `size` bytes aligned to `alignment` (a power of two). A receiver that
+/* Host → plugin: allocate `size` bytes (non-zero) aligned to `alignment` (a power of two); a
+ * request for 0 bytes or another alignment is refused with INVALID_ARGUMENT. A receiver that
  * gets a larger struct_size than it knows refuses the request if any byte it does not know is
  * non-zero. */
 /* @layout NxmemAllocRequest size=56 align=8 since=0 */
@@ -248,7 +249,9 @@ typedef struct NxmemReleaseOutcome {
     uint64_t residual_owned_bytes;              /* @field residual_owned_bytes offset=16 size=8 since=0 */
 } NxmemReleaseOutcome;
 
-/* Plugin → host, through `release_completed`: a queued release has retired. */
+/* Plugin → host, through `release_completed`: a queued release has retired. A retired release
+ * cannot fail: `outcome.state` is COMPLETE or QUARANTINED, and the host reads any other state,
+ * FAILED included, as quarantine of the whole allocation. */
 /* @layout NxmemReleaseCompletion size=56 align=8 since=0 */
 typedef struct NxmemReleaseCompletion {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */

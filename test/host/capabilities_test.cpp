@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 using namespace nxmem;
@@ -141,6 +142,25 @@ TEST_CASE("a refusing host callback fails the allocation cleanly", "[host-callba
         auto readiness = value_or_fail(module->readiness());
         CHECK(readiness.plugin.allocations == 0);
         CHECK(readiness.host.allocations == 0);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("a reclaim hook that throws fails the allocation and the host stays usable",
+          "[host-callbacks]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto throwing = [](const host::reclaim_request&) -> result<void> {
+            throw std::runtime_error("the governor threw");
+        };
+        auto probe = value_or_fail(
+            host::open_allocator<cpu_device>(module, "callback-probe", 0, "", throwing));
+        auto failed = probe.allocate(256, 16);
+        REQUIRE_FALSE(failed);
+        CHECK(failed.error().code == status_code::internal_error); // the host's guard caught it
+        CHECK_THAT(failed.error().message, Catch::Contains("the governor threw"));
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        CHECK(eager.release(value_or_fail(eager.allocate(256, 16))));
     }
     REQUIRE(module->try_unload());
 }

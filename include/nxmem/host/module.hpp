@@ -193,7 +193,7 @@ private:
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = negotiate_(&request, &response, &status);
         if (code != NXMEM_STATUS_OK) {
-            return fail(status_code::version_mismatch,
+            return fail(status_code_from_wire(code),
                         path_.string() + " refused the host's range " + host_range_.describe() +
                             ": " + abi::read_status_message(status));
         }

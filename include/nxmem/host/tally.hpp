@@ -24,7 +24,7 @@ struct host_counts {
     }
     std::string describe() const {
         return "allocators " + std::to_string(allocators) + ", allocations " +
-               std::to_string(allocations) + ", views " + std::to_string(views) +
+               std::to_string(allocations) + ", capability views " + std::to_string(views) +
                ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
                std::to_string(queued_releases) + ", pins " + std::to_string(pins);
     }
@@ -34,7 +34,7 @@ struct host_counts {
 struct plugin_counts {
     std::uint64_t allocators = 0;
     std::uint64_t allocations = 0;
-    std::uint64_t views = 0;
+    std::uint64_t views = 0; // shared prefixes mapped into allocations (NxmemUnloadReport::live_views)
     std::uint64_t shared_prefixes = 0;
     std::uint64_t queued_releases = 0;
 
@@ -48,7 +48,7 @@ struct plugin_counts {
     }
     std::string describe() const {
         return "allocators " + std::to_string(allocators) + ", allocations " +
-               std::to_string(allocations) + ", views " + std::to_string(views) +
+               std::to_string(allocations) + ", prefix mappings " + std::to_string(views) +
                ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
                std::to_string(queued_releases);
     }

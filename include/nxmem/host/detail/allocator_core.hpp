@@ -90,7 +90,7 @@ public:
           mechanism_id_(factory.mechanism_id), mechanism_name_(factory.name) {
         module_->tally_.allocators.fetch_add(1);
         callbacks_ = abi::make_struct<NxmemHostCallbacks>();
-        callbacks_.abi_minor = NXMEM_ABI_MINOR;
+        callbacks_.abi_minor = abi::known_minor<NxmemHostCallbacks>(); // the slots it fills
         callbacks_.type_tag = NXMEM_TYPE_TAG_HOST_CALLBACKS;
         callbacks_.host_context = this;
         callbacks_.request_reclaim = reclaim_ ? &on_request_reclaim : nullptr;

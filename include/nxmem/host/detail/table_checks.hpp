@@ -44,20 +44,28 @@ inline result<void> check_capabilities(abi::table_copy<NxmemAllocatorVtable>& co
     for (const abi::capability_pair& pair : abi::allocator_capabilities) {
         const bool flagged = (table.capabilities & pair.flag) != 0;
         bool any_field = false;
-        bool above_level = true;
+        bool above_declared = true;
+        bool above_effective = true;
         for (std::string_view name : pair.fields) {
             if (name.empty()) {
                 continue;
             }
             const abi::field_info* field = abi::find_field<NxmemAllocatorVtable>(name);
             any_field = true;
-            above_level = above_level && field->since > copy.effective_minor;
+            above_declared = above_declared && field->since > copy.declared_minor;
+            above_effective = above_effective && field->since > copy.effective_minor;
         }
         if (!any_field) {
             continue; // a flag without slots (NXMEM_CAP_HOST_RECLAIM)
         }
-        if (above_level) {
-            table.capabilities &= ~pair.flag;
+        if (flagged && above_declared) {
+            return fail(status_code::contract_violation,
+                        "NxmemAllocatorVtable: " + std::string(pair.flag_name) +
+                            " is set but the table declares minor " +
+                            std::to_string(copy.declared_minor) + ", which has no slot for it");
+        }
+        if (above_effective) {
+            table.capabilities &= ~pair.flag; // offered, but above the level both sides speak
             continue;
         }
         for (std::string_view name : pair.fields) {
