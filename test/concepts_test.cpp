@@ -22,7 +22,7 @@ struct good_device {
     static std::uint64_t to_wire(address_type address) noexcept { return address; }
 };
 struct device_without_type {
-    static constexpr std::string_view name = "x";
+    [[maybe_unused]] static constexpr std::string_view name = "x";
     using address_type = std::uint64_t;
     static address_type from_wire(std::uint64_t wire) noexcept { return wire; }
     static std::uint64_t to_wire(address_type address) noexcept { return address; }
@@ -31,8 +31,8 @@ struct device_with_throwing_conversion : good_device {
     static address_type from_wire(std::uint64_t wire) { return wire; } // not noexcept
 };
 struct device_without_address_type {
-    static constexpr NxmemDeviceType type = 9;
-    static constexpr std::string_view name = "x";
+    [[maybe_unused]] static constexpr NxmemDeviceType type = 9;
+    [[maybe_unused]] static constexpr std::string_view name = "x";
 };
 
 // ---- DeviceAllocator ----
