@@ -1,0 +1,491 @@
+// posix-lazy: address space reserved at allocation, memory committed page range by page range,
+// and shared prefixes backed by memfds mapped over the start of many allocations.
+//
+//   allocate              mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), page-rounded,
+//                         aligned as asked (at least to a page); costs no memory
+//   commit                mprotect(PROT_READ|PROT_WRITE) per run of uncommitted pages in the range
+//                         (+ MADV_POPULATE_WRITE with populate=1)
+//   decommit              madvise(MADV_DONTNEED) + mprotect(PROT_NONE) per committed run
+//   create_shared_prefix  memfd_create(MFD_CLOEXEC) + ftruncate to whole pages
+//   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
+//   release               munmap of the whole reservation (prefix mapping included)
+//
+// Ranges: the offset is page-aligned and the length a page multiple, or it reaches the end of the
+// allocation (the last page may be partial). Anything else is INVALID_ARGUMENT and changes
+// nothing. Committing committed pages and decommitting uncommitted ones are successful no-ops.
+//
+// Accounting: mapped_bytes counts the allocation's committed private pages (the partial last
+// page by its bytes within the allocation). A shared prefix is costed once, at the prefix level:
+// its bytes are newly_mapped_bytes of its first mapping and never part of any allocation's
+// mapped_bytes. Pages under a mapped prefix belong to the prefix: commit and decommit leave them
+// alone, and mapping a prefix over committed private pages uncommits them.
+//
+// Threads: reservations live in a map sharded by address; each has its own mutex, so calls on
+// different allocations share no lock beyond a shard's, held only for a lookup. The budget is an
+// atomic counter.
+#pragma once
+
+#include "budget.hpp"
+#include "page_runs.hpp"
+#include "pages.hpp"
+#include "settings.hpp"
+
+#include <nxmem/plugin.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nxmem::posix {
+
+class lazy_mechanism {
+public:
+    static constexpr const char* name = "posix-lazy";
+    static constexpr std::uint64_t mechanism_id = 0x504f5802; // "POX" 2
+    static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CPU);
+    static constexpr bool uses_host_reclaim = true; // when a budget is set
+
+    lazy_mechanism(const settings& taken, const plugin::open_context& context)
+        : settings_(taken),
+          budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
+
+    lazy_mechanism(const lazy_mechanism&) = delete;
+    lazy_mechanism& operator=(const lazy_mechanism&) = delete;
+
+    // The kit hands every live allocation and prefix back before the mechanism goes; this is
+    // only a backstop.
+    ~lazy_mechanism() {
+        for (shard& owner : shards_) {
+            for (auto& [address, held] : owner.reservations) {
+                unmap(held->address, held->length);
+            }
+        }
+        for (auto& [prefix_id, held] : prefixes_) {
+            ::close(held->fd);
+        }
+    }
+
+    static result<std::unique_ptr<lazy_mechanism>> open(plugin::open_context& context) {
+        NXMEM_TRY(taken, settings::take(context.options, name));
+        return std::make_unique<lazy_mechanism>(taken, context);
+    }
+
+    // ---- allocation ----
+
+    result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        const std::uint64_t page = page_bytes();
+        NXMEM_TRY(length, round_up(size, page, name));
+        const bool huge = settings_.huge_pages && length >= huge_page_bytes;
+        std::uint64_t placed = alignment < page ? page : alignment;
+        if (huge && placed < huge_page_bytes) {
+            placed = huge_page_bytes;
+        }
+        NXMEM_TRY(address, map_aligned(length, placed, PROT_NONE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, name));
+        if (huge) {
+            advise_huge_pages(address, length);
+        }
+        std::shared_ptr<reservation> held;
+        try {
+            held = std::make_shared<reservation>(address, size, length);
+            shard& owner = shard_of(address);
+            std::lock_guard lock(owner.mutex);
+            owner.reservations.emplace(address, held);
+        } catch (...) {
+            unmap(address, length);
+            throw; // the guard reports it
+        }
+        return plugin::block{address, size, 0};
+    }
+
+    result<void> deallocate(const plugin::allocation_record& record) {
+        NXMEM_TRY(released, release_allocation(record));
+        (void)released;
+        return boost::outcome_v2::success();
+    }
+
+    // COMPLETE with unmapped_bytes = the committed private bytes (the prefix is costed apart).
+    result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
+        NXMEM_TRY(held, take(record));
+        std::unique_lock lock(held->mutex);
+        if (unmap(held->address, held->length) != 0) {
+            const int code = errno;
+            lock.unlock();
+            put_back(held); // nothing changed
+            return fail(status_code::internal_error,
+                        std::string(name) + ": munmap failed: " + errno_text(code));
+        }
+        held->released = true;
+        const std::uint64_t unmapped = held->committed_bytes;
+        budget_.credit(unmapped);
+        if (held->prefix) {
+            held->prefix->sharers.fetch_sub(1, std::memory_order_relaxed);
+        }
+        return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
+    }
+
+    // Deferred release retires at once: munmap does not wait for anything.
+    result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
+        NXMEM_TRY(outcome, release_allocation(record));
+        return std::optional<plugin::release_outcome>{outcome};
+    }
+
+    // ---- virtual backing ----
+
+    result<void> commit(const plugin::allocation_record& record, byte_range range) {
+        NXMEM_TRY(pages, pages_of(record, range));
+        NXMEM_TRY(held, find(record));
+        return budget_.with_reclaim<void>([&](byte_budget::refusal& refused) -> result<void> {
+            std::lock_guard lock(held->mutex);
+            NXMEM_TRY_VOID(check_live(*held));
+            const std::uint64_t first = std::max(pages.first, held->prefix_pages);
+            if (first >= pages.second) {
+                return boost::outcome_v2::success(); // all under the prefix
+            }
+            const std::vector<page_run> gaps = held->committed.uncommitted_within(first, pages.second);
+            std::uint64_t wanted = 0;
+            for (const page_run& gap : gaps) {
+                wanted += held->bytes_of(gap);
+            }
+            if (wanted == 0) {
+                return boost::outcome_v2::success(); // committed already: costs nothing more
+            }
+            if (const std::uint64_t shortfall = budget_.try_charge(wanted); shortfall != 0) {
+                refused = {wanted, shortfall};
+                return fail(status_code::out_of_memory, "budget");
+            }
+            return commit_gaps(*held, gaps, wanted);
+        });
+    }
+
+    result<void> decommit(const plugin::allocation_record& record, byte_range range) {
+        NXMEM_TRY(pages, pages_of(record, range));
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        const std::uint64_t first = std::max(pages.first, held->prefix_pages);
+        if (first >= pages.second) {
+            return boost::outcome_v2::success();
+        }
+        const std::uint64_t page = page_bytes();
+        for (const page_run& run : held->committed.committed_within(first, pages.second)) {
+            const std::uint64_t at = held->address + run.first * page;
+            const std::uint64_t length = (run.second - run.first) * page;
+            // The pages go back first; if the protection change then fails (the kernel's map
+            // count), they stay committed, zero-filled, and the failure is reported.
+            (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                            MADV_DONTNEED);
+            if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                           PROT_NONE) != 0) {
+                const int code = errno;
+                return fail(status_code::internal_error,
+                            std::string(name) + ": mprotect(PROT_NONE) of " +
+                                std::to_string(length) + " bytes failed: " + errno_text(code) +
+                                "; those pages were emptied but stay committed");
+            }
+            held->uncommit(run);
+            budget_.credit(held->bytes_of(run));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    result<std::uint64_t> mapped_bytes(const plugin::allocation_record& record) {
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        return held->committed_bytes;
+    }
+
+    // ---- shared mapping ----
+
+    result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
+        NXMEM_TRY(length, round_up(size, page_bytes(), name));
+        return budget_.with_reclaim<std::uint64_t>(
+            [&](byte_budget::refusal& refused) -> result<std::uint64_t> {
+                if (const std::uint64_t shortfall = budget_.try_charge(length); shortfall != 0) {
+                    refused = {length, shortfall};
+                    return fail(status_code::out_of_memory, "budget");
+                }
+                result<std::uint64_t> made = make_prefix(size, length);
+                if (!made) {
+                    budget_.credit(length);
+                }
+                return made;
+            });
+    }
+
+    result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,
+                                               std::uint64_t prefix_id) {
+        std::shared_ptr<prefix_file> shared;
+        {
+            std::lock_guard lock(prefixes_mutex_);
+            auto found = prefixes_.find(prefix_id);
+            if (found == prefixes_.end()) {
+                return fail(status_code::invalid_argument,
+                            std::string(name) + ": no live shared prefix " + std::to_string(prefix_id));
+            }
+            shared = found->second;
+        }
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        if (held->prefix) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the allocation at 0x" +
+                            nxmem::detail::to_hex(held->address) + " already maps shared prefix " +
+                            std::to_string(held->prefix->id) + "; one prefix per allocation");
+        }
+        if (shared->size > held->size) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a prefix of " + std::to_string(shared->size) +
+                            " bytes does not fit an allocation of " + std::to_string(held->size));
+        }
+        void* mapped = ::mmap(reinterpret_cast<void*>(held->address),
+                              static_cast<std::size_t>(shared->length), PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_FIXED, shared->fd, 0);
+        if (mapped == MAP_FAILED) {
+            const int code = errno;
+            restore_reserved(*held, shared->length);
+            return fail(status_code::out_of_memory,
+                        std::string(name) + ": mapping shared prefix " + std::to_string(prefix_id) +
+                            " failed: " + errno_text(code));
+        }
+        if (settings_.populate) {
+            (void)populate_for_writing(held->address, shared->length, populate_supported_);
+        }
+        // The private pages the prefix now covers are gone.
+        const std::uint64_t prefix_pages = shared->length / page_bytes();
+        for (const page_run& run : held->committed.committed_within(0, prefix_pages)) {
+            held->uncommit(run);
+            budget_.credit(held->bytes_of(run));
+        }
+        held->prefix = shared;
+        held->prefix_pages = prefix_pages;
+        const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
+        const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
+        return prefix_commit{shared->size, first ? shared->size : 0, sharers};
+    }
+
+    void destroy_shared_prefix(std::uint64_t prefix_id) {
+        std::shared_ptr<prefix_file> gone;
+        {
+            std::lock_guard lock(prefixes_mutex_);
+            auto found = prefixes_.find(prefix_id);
+            if (found == prefixes_.end()) {
+                return;
+            }
+            gone = std::move(found->second);
+            prefixes_.erase(found);
+        }
+        ::close(gone->fd);
+        budget_.credit(gone->length);
+    }
+
+private:
+    struct prefix_file {
+        prefix_file(std::uint64_t prefix_id, int file, std::uint64_t bytes, std::uint64_t whole_pages)
+            : id(prefix_id), fd(file), size(bytes), length(whole_pages) {}
+        const std::uint64_t id;
+        const int fd;
+        const std::uint64_t size;   // as asked
+        const std::uint64_t length; // whole pages
+        std::atomic<std::uint64_t> sharers{0};
+        std::atomic<bool> ever_mapped{false};
+    };
+
+    struct reservation {
+        reservation(std::uint64_t at, std::uint64_t bytes, std::uint64_t whole_pages)
+            : address(at), size(bytes), length(whole_pages) {}
+
+        // The bytes of `run` that lie within the allocation (the last page may be partial).
+        std::uint64_t bytes_of(const page_run& run) const noexcept {
+            const std::uint64_t page = page_bytes();
+            const std::uint64_t end = std::min(run.second * page, size);
+            return end - run.first * page;
+        }
+        void uncommit(const page_run& run) {
+            committed.erase(run.first, run.second);
+            committed_bytes -= bytes_of(run);
+        }
+
+        const std::uint64_t address;
+        const std::uint64_t size;   // as asked
+        const std::uint64_t length; // whole pages
+        std::mutex mutex;           // guards everything below
+        page_runs committed;
+        std::uint64_t committed_bytes = 0;
+        std::shared_ptr<prefix_file> prefix;
+        std::uint64_t prefix_pages = 0;
+        bool released = false;
+    };
+
+    struct shard {
+        std::mutex mutex;
+        std::unordered_map<std::uint64_t, std::shared_ptr<reservation>> reservations;
+    };
+
+    shard& shard_of(std::uint64_t address) noexcept {
+        const std::uint64_t mixed = (address >> 12) * 0x9E3779B97F4A7C15ull;
+        return shards_[mixed >> 60];
+    }
+
+    // The reservation behind `record`. The kit has checked the record against its own; a stale
+    // copy (released, or its address reused since) is refused here.
+    result<std::shared_ptr<reservation>> find(const plugin::allocation_record& record) {
+        shard& owner = shard_of(record.address);
+        std::lock_guard lock(owner.mutex);
+        auto found = owner.reservations.find(record.address);
+        if (found == owner.reservations.end() || found->second->size != record.size) {
+            return unknown(record);
+        }
+        return found->second;
+    }
+
+    // Removes the reservation from the map before it is unmapped, so a new reservation at the
+    // same address can be recorded the moment the old one is gone.
+    result<std::shared_ptr<reservation>> take(const plugin::allocation_record& record) {
+        shard& owner = shard_of(record.address);
+        std::lock_guard lock(owner.mutex);
+        auto found = owner.reservations.find(record.address);
+        if (found == owner.reservations.end() || found->second->size != record.size) {
+            return unknown(record);
+        }
+        std::shared_ptr<reservation> held = std::move(found->second);
+        owner.reservations.erase(found);
+        return held;
+    }
+
+    void put_back(const std::shared_ptr<reservation>& held) {
+        shard& owner = shard_of(held->address);
+        std::lock_guard lock(owner.mutex);
+        owner.reservations.emplace(held->address, held);
+    }
+
+    static error unknown(const plugin::allocation_record& record) {
+        return error{status_code::unknown_allocation,
+                     std::string(name) + ": no live reservation at 0x" +
+                         nxmem::detail::to_hex(record.address)};
+    }
+
+    static result<void> check_live(const reservation& held) {
+        if (held.released) {
+            return fail(status_code::unknown_allocation,
+                        std::string(name) + ": the allocation at 0x" +
+                            nxmem::detail::to_hex(held.address) + " was released meanwhile");
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // [first, end) page indices of a page-granular range; INVALID_ARGUMENT otherwise. The kit has
+    // checked that the range is non-empty and lies within the allocation.
+    static result<page_run> pages_of(const plugin::allocation_record& record, byte_range range) {
+        const std::uint64_t page = page_bytes();
+        const bool reaches_end = range.offset + range.length == record.size;
+        if (range.offset % page != 0 || (range.length % page != 0 && !reaches_end)) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": ranges are page-granular (" + std::to_string(page) +
+                            " bytes): offset " + std::to_string(range.offset) + " must be a page "
+                            "multiple and length " + std::to_string(range.length) +
+                            " a page multiple or reach the allocation's end at " +
+                            std::to_string(record.size));
+        }
+        return page_run{range.offset / page, (range.offset + range.length + page - 1) / page};
+    }
+
+    // Commits each gap; `wanted` has been charged. On failure what was committed stays committed
+    // (mapped_bytes tells) and the rest of the charge is given back.
+    result<void> commit_gaps(reservation& held, const std::vector<page_run>& gaps,
+                             std::uint64_t wanted) {
+        const std::uint64_t page = page_bytes();
+        for (const page_run& gap : gaps) {
+            const std::uint64_t at = held.address + gap.first * page;
+            const std::uint64_t length = (gap.second - gap.first) * page;
+            if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                           PROT_READ | PROT_WRITE) != 0) {
+                const int code = errno;
+                budget_.credit(wanted);
+                return fail(status_code::out_of_memory,
+                            std::string(name) + ": mprotect(PROT_READ|PROT_WRITE) of " +
+                                std::to_string(length) + " bytes failed: " + errno_text(code));
+            }
+            if (settings_.populate) {
+                if (const int code = populate_for_writing(at, length, populate_supported_);
+                    code != 0) {
+                    (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                                    MADV_DONTNEED);
+                    (void)::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                                     PROT_NONE);
+                    budget_.credit(wanted);
+                    return fail(status_code::out_of_memory,
+                                std::string(name) + ": populating " + std::to_string(length) +
+                                    " bytes failed: " + errno_text(code));
+                }
+            }
+            held.committed.insert(gap.first, gap.second);
+            const std::uint64_t bytes = held.bytes_of(gap);
+            held.committed_bytes += bytes;
+            wanted -= bytes;
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // After a failed MAP_FIXED the old pages may be gone: reserve them again, uncommitted.
+    void restore_reserved(reservation& held, std::uint64_t length) {
+        (void)::mmap(reinterpret_cast<void*>(held.address), static_cast<std::size_t>(length),
+                     PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        const std::uint64_t pages = length / page_bytes();
+        for (const page_run& run : held.committed.committed_within(0, pages)) {
+            held.uncommit(run);
+            budget_.credit(held.bytes_of(run));
+        }
+    }
+
+    result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
+        const int fd = ::memfd_create("nxmem-posix-prefix", MFD_CLOEXEC);
+        if (fd < 0) {
+            const int code = errno;
+            return fail(status_code::out_of_memory,
+                        std::string(name) + ": memfd_create failed: " + errno_text(code));
+        }
+        if (length > static_cast<std::uint64_t>(INT64_MAX) ||
+            ::ftruncate(fd, static_cast<off_t>(length)) != 0) {
+            const int code = length > static_cast<std::uint64_t>(INT64_MAX) ? EFBIG : errno;
+            ::close(fd);
+            return fail(status_code::out_of_memory,
+                        std::string(name) + ": sizing a shared prefix to " +
+                            std::to_string(length) + " bytes failed: " + errno_text(code));
+        }
+        const std::uint64_t prefix_id = next_prefix_id_.fetch_add(1, std::memory_order_relaxed);
+        try {
+            auto made = std::make_shared<prefix_file>(prefix_id, fd, size, length);
+            std::lock_guard lock(prefixes_mutex_);
+            prefixes_.emplace(prefix_id, std::move(made));
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        return prefix_id;
+    }
+
+    settings settings_;
+    byte_budget budget_;
+    std::atomic<bool> populate_supported_{true};
+    std::array<shard, 16> shards_;
+    std::mutex prefixes_mutex_;
+    std::unordered_map<std::uint64_t, std::shared_ptr<prefix_file>> prefixes_;
+    std::atomic<std::uint64_t> next_prefix_id_{1};
+};
+
+} // namespace nxmem::posix

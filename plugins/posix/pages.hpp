@@ -1,0 +1,107 @@
+// Pages and mappings: the page size, rounding that refuses to overflow, aligned mmap, and the
+// madvise calls the posix mechanisms use. Every failure is an OUT_OF_MEMORY (or INTERNAL_ERROR)
+// value carrying errno's text, never a crash.
+#pragma once
+
+#include <nxmem/abi/result.hpp>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace nxmem::posix {
+
+// MADV_POPULATE_WRITE (Linux 5.14); spelled out so the plugin builds against older headers.
+inline constexpr int madv_populate_write = 23;
+inline constexpr std::uint64_t huge_page_bytes = 2ull << 20;
+
+inline std::uint64_t page_bytes() noexcept {
+    static const std::uint64_t bytes = [] {
+        const long queried = ::sysconf(_SC_PAGESIZE);
+        return queried > 0 ? static_cast<std::uint64_t>(queried) : std::uint64_t{4096};
+    }();
+    return bytes;
+}
+
+inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
+
+// `value` rounded up to a multiple of `granule` (a power of two); OUT_OF_MEMORY on overflow,
+// which is what an absurd size is.
+inline result<std::uint64_t> round_up(std::uint64_t value, std::uint64_t granule,
+                                      const char* mechanism) {
+    if (value > UINT64_MAX - (granule - 1)) {
+        return fail(status_code::out_of_memory,
+                    std::string(mechanism) + ": " + std::to_string(value) +
+                        " bytes overflow when rounded up to " + std::to_string(granule));
+    }
+    return (value + granule - 1) & ~(granule - 1);
+}
+
+// Maps `length` bytes (a page multiple) at an address aligned to `alignment` (a power of two):
+// over-maps by alignment - page and trims the head and the tail with munmap.
+inline result<std::uint64_t> map_aligned(std::uint64_t length, std::uint64_t alignment, int prot,
+                                         int flags, const char* mechanism) {
+    const std::uint64_t page = page_bytes();
+    const std::uint64_t slack = alignment > page ? alignment - page : 0;
+    if (length > UINT64_MAX - slack) {
+        return fail(status_code::out_of_memory,
+                    std::string(mechanism) + ": " + std::to_string(length) + " bytes aligned to " +
+                        std::to_string(alignment) + " overflow the address space");
+    }
+    const std::uint64_t total = length + slack;
+    void* mapped = ::mmap(nullptr, static_cast<std::size_t>(total), prot, flags, -1, 0);
+    if (mapped == MAP_FAILED) {
+        const int code = errno;
+        return fail(status_code::out_of_memory,
+                    std::string(mechanism) + ": mmap of " + std::to_string(total) +
+                        " bytes failed: " + errno_text(code));
+    }
+    const auto start = reinterpret_cast<std::uint64_t>(mapped);
+    const std::uint64_t aligned = (start + (alignment - 1)) & ~(alignment - 1);
+    if (aligned > start) {
+        ::munmap(mapped, static_cast<std::size_t>(aligned - start));
+    }
+    const std::uint64_t tail = start + total - (aligned + length);
+    if (tail > 0) {
+        ::munmap(reinterpret_cast<void*>(aligned + length), static_cast<std::size_t>(tail));
+    }
+    return aligned;
+}
+
+inline int unmap(std::uint64_t address, std::uint64_t length) noexcept {
+    return ::munmap(reinterpret_cast<void*>(address), static_cast<std::size_t>(length));
+}
+
+// MADV_HUGEPAGE where the kernel supports transparent huge pages; anything else is ignored (the
+// advice is a hint, and kernels without THP answer EINVAL).
+inline void advise_huge_pages(std::uint64_t address, std::uint64_t length) noexcept {
+    (void)::madvise(reinterpret_cast<void*>(address), static_cast<std::size_t>(length),
+                    MADV_HUGEPAGE);
+}
+
+// Pre-faults [address, address + length) for writing with MADV_POPULATE_WRITE. `supported`
+// remembers a kernel that does not know the advice (EINVAL): populate then quietly does nothing.
+// Any other failure (ENOMEM, EFAULT, ...) is returned as an errno value.
+inline int populate_for_writing(std::uint64_t address, std::uint64_t length,
+                                std::atomic<bool>& supported) noexcept {
+    if (!supported.load(std::memory_order_relaxed)) {
+        return 0;
+    }
+    if (::madvise(reinterpret_cast<void*>(address), static_cast<std::size_t>(length),
+                  madv_populate_write) == 0) {
+        return 0;
+    }
+    const int code = errno;
+    if (code == EINVAL) {
+        supported.store(false, std::memory_order_relaxed);
+        return 0;
+    }
+    return code;
+}
+
+} // namespace nxmem::posix
