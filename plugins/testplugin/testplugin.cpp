@@ -344,11 +344,220 @@ struct overclaiming_mechanism {
     }
 };
 
+// ---- Deliberately broken mechanisms for the conformance suite: each breaks exactly one rule ----
+
+// A raw allocator that checks everything except the description of a release: deallocate finds
+// the allocation by address (refusing an unknown one) and frees it without comparing the host's
+// allocation id, size and alignment with its record. Breaks "a release that misdescribes the
+// allocation is refused" (conformance check misuse.misdescribed) and nothing else.
+class no_misuse_check_allocator {
+public:
+    static constexpr std::uint64_t mechanism_id = 11;
+
+    static result<NxmemAllocatorVtable*> open(const NxmemOpenRequest* raw) {
+        NXMEM_TRY(request, nxmem::abi::read_request(raw));
+        const nxmem::device_id device = nxmem::device_id::from_wire(request.device);
+        if (device.type >= 64 || (cpu_and_cuda & nxmem::plugin::device_bit(device.type)) == 0) {
+            return fail(status_code::wrong_device, "no-misuse-check serves cpu and cuda only");
+        }
+        if (request.options_length != 0) {
+            return fail(status_code::invalid_argument, "no-misuse-check takes no options");
+        }
+        auto* object = new no_misuse_check_allocator(device);
+        return &object->table_;
+    }
+
+private:
+    explicit no_misuse_check_allocator(nxmem::device_id device) : device_(device) {
+        table_ = nxmem::abi::make_struct<NxmemAllocatorVtable>();
+        table_.struct_size =
+            static_cast<std::uint32_t>(nxmem::abi::bytes_required<NxmemAllocatorVtable>(0));
+        table_.abi_minor = 0;
+        table_.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
+        table_.mechanism_id = mechanism_id;
+        table_.device = device.to_wire();
+        table_.allocate = &slot_allocate;
+        table_.deallocate = &slot_deallocate;
+        table_.retain = &slot_retain;
+        table_.release = &slot_release;
+        nxmem::plugin::this_module().live_allocators.fetch_add(1);
+    }
+    ~no_misuse_check_allocator() {
+        for (const auto& [address, record] : live_) {
+            give_back_host_memory(record);
+            nxmem::plugin::this_module().live_allocations.fetch_sub(1);
+        }
+        nxmem::plugin::this_module().live_allocators.fetch_sub(1);
+    }
+    static no_misuse_check_allocator& self(NxmemAllocatorVtable* table) {
+        return *reinterpret_cast<no_misuse_check_allocator*>(table); // the table is the first member
+    }
+    result<void> check_identity(std::uint64_t mechanism, const NxmemDeviceId& device) const {
+        if (mechanism != mechanism_id) {
+            return fail(status_code::wrong_mechanism, "not mechanism no-misuse-check");
+        }
+        if (nxmem::device_id::from_wire(device) != device_) {
+            return fail(status_code::wrong_device, "not this allocator's device");
+        }
+        return boost::outcome_v2::success();
+    }
+
+    static NxmemStatusCode slot_allocate(NxmemAllocatorVtable* table, const NxmemAllocRequest* raw,
+                                         NxmemAllocResult* out, NxmemStatus* status) noexcept {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            no_misuse_check_allocator& object = self(table);
+            NXMEM_TRY(request, nxmem::abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
+            if (request.flags != 0) {
+                return fail(status_code::invalid_argument, "unknown allocation flags");
+            }
+            if (request.size == 0 || request.alignment == 0 ||
+                (request.alignment & (request.alignment - 1)) != 0) {
+                return fail(status_code::invalid_argument, "size 0 or alignment not a power of two");
+            }
+            NXMEM_TRY_VOID(nxmem::abi::write_output(out, nxmem::abi::make_struct<NxmemAllocResult>()));
+            NXMEM_TRY(address, take_host_memory(request.size, request.alignment));
+            {
+                std::lock_guard lock(object.mutex_);
+                object.live_[address] =
+                    allocation_record{address, request.size, request.alignment, request.allocation_id, {}};
+            }
+            nxmem::plugin::this_module().live_allocations.fetch_add(1);
+            auto written = nxmem::abi::make_struct<NxmemAllocResult>();
+            written.address = address;
+            written.size = request.size;
+            written.mapped_bytes = request.size;
+            return nxmem::abi::write_output(out, written);
+        });
+    }
+
+    static NxmemStatusCode slot_deallocate(NxmemAllocatorVtable* table, const NxmemAllocation* raw,
+                                           NxmemStatus* status) noexcept {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            no_misuse_check_allocator& object = self(table);
+            NXMEM_TRY(described, nxmem::abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            allocation_record record;
+            {
+                std::lock_guard lock(object.mutex_);
+                auto found = object.live_.find(described.address);
+                if (found == object.live_.end()) {
+                    return fail(status_code::unknown_allocation, "no live allocation there");
+                }
+                // The broken rule: id, size and alignment are never compared with the record.
+                record = found->second;
+                object.live_.erase(found);
+            }
+            give_back_host_memory(record);
+            nxmem::plugin::this_module().live_allocations.fetch_sub(1);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static void slot_retain(NxmemAllocatorVtable* table) noexcept {
+        self(table).references_.fetch_add(1, std::memory_order_relaxed);
+    }
+    static void slot_release(NxmemAllocatorVtable* table) noexcept {
+        nxmem::plugin::guard_void([&] {
+            no_misuse_check_allocator& object = self(table);
+            if (object.references_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                delete &object;
+            }
+        });
+    }
+
+    NxmemAllocatorVtable table_; // first member: the host's table pointer is this object
+    std::atomic<std::uint32_t> references_{1};
+    nxmem::device_id device_;
+    std::mutex mutex_;
+    std::unordered_map<std::uint64_t, allocation_record> live_;
+};
+
+struct no_misuse_check_mechanism {
+    static constexpr const char* name = "no-misuse-check";
+    static constexpr std::uint64_t mechanism_id = no_misuse_check_allocator::mechanism_id;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 0;
+
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            if (out == nullptr) {
+                return fail(status_code::invalid_argument, "allocator output is NULL");
+            }
+            NXMEM_TRY(opened, no_misuse_check_allocator::open(request));
+            *out = opened;
+            return boost::outcome_v2::success();
+        });
+    }
+};
+
+// A stateless static table that sets NXMEM_CAP_DEFERRED_RELEASE but leaves enqueue_release and
+// drain_releases NULL: the host refuses it at open (and releases it). Breaks "a set flag with a
+// NULL slot is a contract violation" (conformance check tables.capabilities).
+struct lying_capabilities_mechanism {
+    static constexpr const char* name = "lying-capabilities";
+    static constexpr std::uint64_t mechanism_id = 12;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 0;
+
+    static NxmemStatusCode never_allocate(NxmemAllocatorVtable*, const NxmemAllocRequest*,
+                                          NxmemAllocResult*, NxmemStatus* status) {
+        return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, "never opened");
+    }
+    static NxmemStatusCode never_deallocate(NxmemAllocatorVtable*, const NxmemAllocation*,
+                                            NxmemStatus* status) {
+        return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, "never opened");
+    }
+    static void no_reference(NxmemAllocatorVtable*) {}
+
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus*) {
+        static const NxmemAllocatorVtable cpu_table = make_table(NXMEM_DEVICE_CPU);
+        static const NxmemAllocatorVtable cuda_table = make_table(NXMEM_DEVICE_CUDA);
+        const bool cuda = request != nullptr && request->device.device_type == NXMEM_DEVICE_CUDA;
+        *out = const_cast<NxmemAllocatorVtable*>(cuda ? &cuda_table : &cpu_table);
+        return NXMEM_STATUS_OK;
+    }
+    static NxmemAllocatorVtable make_table(NxmemDeviceType type) {
+        auto table = nxmem::abi::make_struct<NxmemAllocatorVtable>();
+        table.struct_size =
+            static_cast<std::uint32_t>(nxmem::abi::bytes_required<NxmemAllocatorVtable>(0));
+        table.abi_minor = 0;
+        table.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
+        table.capabilities = NXMEM_CAP_DEFERRED_RELEASE; // the lie: both slots stay NULL
+        table.mechanism_id = mechanism_id;
+        table.device = nxmem::device_id{type, 0}.to_wire();
+        table.allocate = &never_allocate;
+        table.deallocate = &never_deallocate;
+        table.retain = &no_reference;
+        table.release = &no_reference;
+        return table;
+    }
+};
+
+// Its allocate dereferences NULL: the process dies of SIGSEGV. `nxmem conform` must report the
+// crash, with the check that was running, and keep the other mechanisms' results.
+struct segfaulting_mechanism : eager_mechanism {
+    static constexpr const char* name = "segfaulting";
+    static constexpr std::uint64_t mechanism_id = 13;
+
+    static result<std::unique_ptr<segfaulting_mechanism>> open(open_context&) {
+        return std::make_unique<segfaulting_mechanism>();
+    }
+    result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        static int* volatile nowhere = nullptr; // volatile: the compiler cannot see it is NULL
+        *nowhere = 1;
+        return eager_mechanism::allocate(size, alignment);
+    }
+};
+
 } // namespace
 
 NXMEM_EXPORT_PLUGIN(eager_mechanism, legacy_1_0_mechanism, lazy_mechanism, callback_probe_mechanism,
                     quarantining_mechanism, future_state_mechanism, sticky_mechanism,
-                    throwing_mechanism, short_struct_mechanism, overclaiming_mechanism);
+                    throwing_mechanism, short_struct_mechanism, overclaiming_mechanism,
+                    no_misuse_check_mechanism, lying_capabilities_mechanism, segfaulting_mechanism);
 
 // Test-only exports: counters read out of the loaded module itself. A test that read its own
 // statically linked copy of these would observe a different variable and prove nothing.

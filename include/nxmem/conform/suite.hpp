@@ -1,0 +1,268 @@
+// The conformance suite: every check, in order, and run_mechanism_checks, which loads a plugin as
+// a host would and runs each check that applies to one of its mechanisms on one device. A check
+// that cannot run because an earlier one found the ground missing (no exports, a table the host
+// refuses, no working allocate) is not applicable and says which check to look at.
+#pragma once
+
+#include <nxmem/conform/check.hpp>
+#include <nxmem/conform/checks_allocation.hpp>
+#include <nxmem/conform/checks_capabilities.hpp>
+#include <nxmem/conform/checks_concurrency.hpp>
+#include <nxmem/conform/checks_exports.hpp>
+#include <nxmem/conform/checks_factories.hpp>
+#include <nxmem/conform/checks_misuse.hpp>
+#include <nxmem/conform/checks_tables.hpp>
+#include <nxmem/conform/checks_unload.hpp>
+#include <nxmem/conform/subject.hpp>
+
+#include <array>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace nxmem::conform {
+
+// What a check needs before it can say anything.
+enum class requirement : std::uint8_t {
+    library,     // the file loads (exports.present itself)
+    exports,     // the three exports (every other check)
+    device,      // the mechanism serves the device under test
+    table_size,  // a consistent struct_size (the table checks after tables.struct_size)
+    opened,      // the host accepted the allocator table
+    allocation,  // allocate works at all
+};
+
+struct check_definition {
+    std::string_view id;
+    std::string_view title;
+    std::string_view rule; // the section of docs/ABI.md the check enforces
+    requirement needs;
+    finding (*run)(const subject&, const suite_options&);
+};
+
+// clang-format off
+inline constexpr std::array all_checks{
+    check_definition{"exports.present", "the three exports are present", "Exports",
+        requirement::library, &check_exports_present::run},
+    check_definition{"negotiation.overlap", "an overlapping host range gets the highest common minor", "Versions",
+        requirement::exports, &check_negotiation_overlap::run},
+    check_definition{"negotiation.above", "a host range above the plugin's is refused", "Versions",
+        requirement::exports, &check_negotiation_above::run},
+    check_definition{"negotiation.below", "a host range below the plugin's is refused", "Versions",
+        requirement::exports, &check_negotiation_below::run},
+    check_definition{"negotiation.major", "a host of another major is refused", "Versions",
+        requirement::exports, &check_negotiation_major::run},
+    check_definition{"negotiation.repeatable", "negotiation gives the same answer every time", "Versions",
+        requirement::exports, &check_negotiation_repeatable::run},
+    check_definition{"factories.names", "factories are named within bounds, names and ids unique", "Exports",
+        requirement::exports, &check_factories_names::run},
+    check_definition{"factories.capacity", "too small a capacity creates nothing and names the count", "Exports",
+        requirement::exports, &check_factories_capacity::run},
+    check_definition{"factories.released_once", "every factory is released exactly once; load/unload cycles leave nothing", "Ownership",
+        requirement::exports, &check_factories_released_once::run},
+    check_definition{"tables.type_tags", "every table carries its type tag", "Layout",
+        requirement::device, &check_tables_type_tags::run},
+    check_definition{"tables.struct_size", "struct_size covers the declared level, within the cap", "Layout",
+        requirement::device, &check_tables_struct_size::run},
+    check_definition{"tables.capabilities", "capability flags agree with slots and tables", "Slots",
+        requirement::table_size, &check_tables_capabilities::run},
+    check_definition{"tables.required_slots", "required slots are present", "Slots",
+        requirement::table_size, &check_tables_required_slots::run},
+    check_definition{"tables.identity", "the allocator table names its mechanism and device", "Misuse",
+        requirement::table_size, &check_tables_identity::run},
+    check_definition{"allocator.open", "the host accepts the allocator table", "read_prefix",
+        requirement::device, &run_for_device<check_allocator_open>},
+    check_definition{"allocation.basic", "a small allocation is made and released", "Ownership",
+        requirement::opened, &run_for_device<check_allocation_basic>},
+    check_definition{"allocation.sizes_alignments", "1 B to 1 MiB at alignments 1 to 64 KiB, aligned, host-assigned ids", "Slots",
+        requirement::allocation, &run_for_device<check_allocation_sizes_alignments>},
+    check_definition{"allocation.writable", "host memory is writable over the whole size", "Slots",
+        requirement::allocation, &run_for_device<check_allocation_writable>},
+    check_definition{"allocation.no_overlap", "distinct live allocations never overlap", "Slots",
+        requirement::allocation, &run_for_device<check_allocation_no_overlap>},
+    check_definition{"allocation.accounting", "the unload report counts live allocations", "Unload",
+        requirement::allocation, &run_for_device<check_allocation_accounting>},
+    check_definition{"allocation.malformed", "size 0 and bad alignments are refused, nothing allocated", "Misuse",
+        requirement::opened, &run_for_device<check_allocation_malformed>},
+    check_definition{"allocation.larger_request", "a longer request with a zero tail is served", "read_prefix",
+        requirement::allocation, &run_for_device<check_allocation_larger_request>},
+    check_definition{"misuse.wrong_mechanism", "another mechanism's object is refused", "Misuse",
+        requirement::allocation, &run_for_device<check_misuse_wrong_mechanism>},
+    check_definition{"misuse.wrong_device", "another device's object is refused", "Misuse",
+        requirement::allocation, &run_for_device<check_misuse_wrong_device>},
+    check_definition{"misuse.unknown_allocation", "an unknown or already released address is refused", "Misuse",
+        requirement::allocation, &run_for_device<check_misuse_unknown_allocation>},
+    check_definition{"misuse.misdescribed", "a release that misdescribes the allocation is refused", "Misuse",
+        requirement::allocation, &run_for_device<check_misuse_misdescribed>},
+    check_definition{"misuse.request_tail", "a longer request with non-zero unknown bytes is refused", "read_prefix",
+        requirement::opened, &run_for_device<check_misuse_request_tail>},
+    check_definition{"misuse.unknown_flags", "a request with unknown flag bits is refused", "Misuse",
+        requirement::opened, &run_for_device<check_misuse_unknown_flags>},
+    check_definition{"capability.virtual_backing", "commit, decommit and mapped bytes agree", "Slots",
+        requirement::allocation, &run_for_device<check_capability_virtual_backing>},
+    check_definition{"capability.shared_mapping", "shared prefixes are reference counted and costed once", "Ownership",
+        requirement::allocation, &run_for_device<check_capability_shared_mapping>},
+    check_definition{"capability.deferred_release", "queued releases retire in enqueue order", "Threads and re-entrancy",
+        requirement::allocation, &run_for_device<check_capability_deferred_release>},
+    check_definition{"capability.structured_release", "release outcomes are COMPLETE or QUARANTINED, consistently", "Release outcomes",
+        requirement::allocation, &run_for_device<check_capability_structured_release>},
+    check_definition{"capability.host_reclaim", "a refused reclaim fails the allocation cleanly", "Threads and re-entrancy",
+        requirement::allocation, &run_for_device<check_capability_host_reclaim>},
+    check_definition{"concurrency.threads", "concurrent use leaves an all-zero unload report", "Threads and re-entrancy",
+        requirement::allocation, &run_for_device<check_concurrency_threads>},
+    check_definition{"unload.refused_while_live", "unload is refused while objects are live", "Unload",
+        requirement::allocation, &run_for_device<check_unload_refused_while_live>},
+    check_definition{"unload.idle", "the report is zero once everything is given back, and the plugin unloads", "Unload",
+        requirement::exports, &run_for_device<check_unload_idle>},
+    check_definition{"unload.unmapped", "after unload the library is unmapped", "Unload",
+        requirement::exports, &run_for_device<check_unload_unmapped>},
+};
+// clang-format on
+
+// The definition of the check called `id`, or nullptr.
+inline const check_definition* find_check(std::string_view id) noexcept {
+    for (const check_definition& check : all_checks) {
+        if (check.id == id) {
+            return &check;
+        }
+    }
+    return nullptr;
+}
+
+// Hooks for a caller that reports progress (the nxmem tool sends each event down a pipe, so a
+// crash is attributed to the check that was running).
+struct suite_hooks {
+    std::function<void(const check_definition&)> on_start;
+    std::function<void(const check_result&)> on_result;
+};
+
+// Runs one check's body, turning an escaped exception into a failure.
+inline check_result run_check(const check_definition& check, const subject& target,
+                              const suite_options& options) {
+    finding found;
+    try {
+        found = check.run(target, options);
+    } catch (const std::exception& failure) {
+        found = failed("the check runs to completion", std::string("exception: ") + failure.what());
+    }
+    return name_finding(check.id, check.title, std::move(found));
+}
+
+// The device a mechanism is checked on when none is named: device 0 of the first type it serves
+// (cpu, cuda, hip); cpu:0 when the plugin cannot be read.
+inline device_id default_device(const std::filesystem::path& path, std::string_view mechanism) {
+    result<std::shared_ptr<host::plugin_module>> module = host::plugin_module::load(path);
+    device_id chosen{NXMEM_DEVICE_CPU, 0};
+    if (module) {
+        if (const host::factory_info* factory = module.value()->find_factory(mechanism)) {
+            for (NxmemDeviceType type : {NXMEM_DEVICE_CPU, NXMEM_DEVICE_CUDA, NXMEM_DEVICE_HIP}) {
+                if (factory->serves(type)) {
+                    chosen = device_id{type, 0};
+                    break;
+                }
+            }
+        }
+        (void)module.value()->try_unload();
+    }
+    return chosen;
+}
+
+// Whether `mechanism` of the plugin serves `device`'s type; the reason when it does not.
+inline std::optional<std::string> device_not_served(const std::filesystem::path& path,
+                                                    std::string_view mechanism, device_id device) {
+    result<std::shared_ptr<host::plugin_module>> module = host::plugin_module::load(path);
+    if (!module) {
+        return std::nullopt; // the checks themselves report why it does not load
+    }
+    std::optional<std::string> reason;
+    const host::factory_info* factory = module.value()->find_factory(mechanism);
+    if (factory == nullptr) {
+        reason = "the plugin has no mechanism called '" + std::string(mechanism) + "'";
+    } else if (!factory->serves(device.type)) {
+        reason = "'" + std::string(mechanism) + "' does not serve device type " +
+                 std::string(device_type_name(device.type));
+    }
+    (void)module.value()->try_unload();
+    return reason;
+}
+
+// Every check for one mechanism on one device (by default device 0 of the first type it serves).
+inline std::vector<check_result> run_mechanism_checks(const std::filesystem::path& path,
+                                                      std::string_view mechanism,
+                                                      std::optional<device_id> device = std::nullopt,
+                                                      const suite_options& options = {},
+                                                      const suite_hooks& hooks = {}) {
+    const subject target{path, std::string(mechanism),
+                         device ? *device : default_device(path, mechanism)};
+    std::vector<check_result> results;
+    std::optional<std::string> no_exports;
+    std::optional<std::string> not_served;
+    std::optional<std::string> bad_size;
+    std::optional<std::string> not_opened;
+    std::optional<std::string> no_allocation;
+    bool device_known = false;
+    for (const check_definition& check : all_checks) {
+        if (hooks.on_start) {
+            hooks.on_start(check);
+        }
+        if (!device_known && check.needs >= requirement::device && !no_exports) {
+            not_served = device_not_served(path, mechanism, target.device);
+            device_known = true;
+        }
+        std::optional<std::string> blocked;
+        const auto needs = check.needs;
+        if (needs >= requirement::exports && no_exports) {
+            blocked = no_exports;
+        } else if (needs >= requirement::device && not_served) {
+            blocked = not_served;
+        } else if (needs == requirement::table_size && bad_size) {
+            blocked = bad_size;
+        } else if (needs >= requirement::opened && not_opened) {
+            blocked = not_opened;
+        } else if (needs >= requirement::allocation && no_allocation) {
+            blocked = no_allocation;
+        }
+        check_result outcome_of_check =
+            blocked ? name_finding(check.id, check.title, not_applicable(*blocked))
+                    : run_check(check, target, options);
+        if (outcome_of_check.failed()) {
+            const std::string see = " (see " + std::string(check.id) + ")";
+            if (check.id == "exports.present") {
+                no_exports = "the plugin does not load with its three exports" + see;
+            } else if (check.id == "tables.struct_size") {
+                bad_size = "the table's struct_size contradicts its level" + see;
+            } else if (check.id == "allocator.open") {
+                not_opened = "the host refuses to open the mechanism" + see;
+            } else if (check.id == "allocation.basic") {
+                no_allocation = "the mechanism cannot allocate" + see;
+            }
+        }
+        if (hooks.on_result) {
+            hooks.on_result(outcome_of_check);
+        }
+        results.push_back(std::move(outcome_of_check));
+    }
+    return results;
+}
+
+// Selected checks only, without the gating: what the contract tests call to reuse a check.
+inline std::vector<check_result> run_checks(const subject& target,
+                                            std::initializer_list<std::string_view> ids,
+                                            const suite_options& options = {}) {
+    std::vector<check_result> results;
+    for (std::string_view id : ids) {
+        const check_definition* check = find_check(id);
+        if (check == nullptr) {
+            results.push_back(name_finding(id, "unknown check", failed("a known check id", std::string(id))));
+            continue;
+        }
+        results.push_back(run_check(*check, target, options));
+    }
+    return results;
+}
+
+} // namespace nxmem::conform

@@ -1,0 +1,38 @@
+#!/bin/sh
+# nxmem conform on the test plugin: the segfaulting mechanism is reported as crashed during the
+# check that was running, the other mechanisms are still reported, the exit status is non-zero,
+# and --junit writes XML that parses. Usage: check_conform_tool.sh NXMEM TESTPLUGIN SCRATCH_DIR
+# Exits 77 (skipped) when python3 is not available to parse the XML.
+command -v python3 >/dev/null 2>&1 || { echo "python3 not found: cannot check the XML" >&2; exit 77; }
+nxmem=$1
+plugin=$2
+junit=$3/conform-testplugin.junit.xml
+rm -f "$junit"
+output=$("$nxmem" conform --junit "$junit" "$plugin")
+status=$?
+printf '%s\n' "$output"
+fail() { echo "check_conform_tool.sh: $*" >&2; exit 1; }
+[ "$status" -eq 1 ] || fail "expected exit status 1, got $status"
+printf '%s\n' "$output" | grep -q 'CRASH crashed (signal 11) during check allocation.basic' ||
+    fail "the segfaulting mechanism is not reported as crashed during allocation.basic"
+for mechanism in eager legacy-1-0 lazy no-misuse-check lying-capabilities segfaulting; do
+    printf '%s\n' "$output" | grep -q "^  mechanism $mechanism on cpu:0\$" ||
+        fail "mechanism $mechanism is missing from the report"
+done
+printf '%s\n' "$output" | grep -q '^    eager: .* 0 failed, .* -- conforms$' || fail "eager does not conform"
+printf '%s\n' "$output" | grep -q '^    FAIL  misuse.misdescribed ' || fail "no-misuse-check passed misuse.misdescribed"
+python3 - "$junit" <<'PY' || fail "the JUnit report is not what was expected"
+import sys
+import xml.etree.ElementTree as E
+root = E.parse(sys.argv[1]).getroot()
+assert root.tag == "testsuites", root.tag
+suites = {s.get("name").split(":", 1)[1]: s for s in root.findall("testsuite")}
+assert "eager" in suites and "segfaulting" in suites, sorted(suites)
+eager = suites["eager"]
+assert eager.get("failures") == "0", eager.get("failures")
+assert len(eager.findall("testcase")) == int(eager.get("tests"))
+assert eager.findall("testcase/skipped"), "eager has no skipped (not applicable) checks"
+crashed = suites["segfaulting"]
+failures = [c.get("name") for c in crashed.findall("testcase") if c.find("failure") is not None]
+assert failures == ["allocation.basic"], failures
+PY

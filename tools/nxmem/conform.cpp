@@ -1,0 +1,131 @@
+#include "conform.hpp"
+
+#include "conform_report.hpp"
+#include "conform_run.hpp"
+#include "plugin_paths.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nxmem::tool {
+
+namespace {
+
+struct conform_options {
+    std::vector<std::string> plugins;
+    std::string mechanism;
+    std::string device;
+    bool json = false;
+    std::string junit;
+    unsigned timeout_seconds = 300;
+};
+
+int run_conform(const conform_options& options) {
+    std::vector<std::string> paths = options.plugins;
+    bool problems = false;
+    if (paths.empty()) {
+        plugin_list defaults = default_plugins();
+        for (const std::string& problem : defaults.problems) {
+            std::cerr << "nxmem conform: " << problem << '\n';
+            problems = true;
+        }
+        if (defaults.paths.empty()) {
+            std::cerr << "nxmem conform: no plugins to check: " << defaults.source
+                      << " names none; name plugin files as arguments\n";
+            return exit_refused;
+        }
+        paths = std::move(defaults.paths);
+    }
+
+    std::vector<plugin_run> runs;
+    for (const std::string& path : paths) {
+        conform_request request;
+        request.path = path;
+        if (!options.mechanism.empty()) {
+            request.mechanism = options.mechanism;
+        }
+        if (!options.device.empty()) {
+            request.device = parse_device(options.device); // already validated
+        }
+        request.timeout_seconds = options.timeout_seconds;
+        runs.push_back(run_conformance(request));
+    }
+
+    if (options.json) {
+        std::cout << conform_to_json(runs).dump(2) << '\n';
+    } else {
+        print_conform_text(std::cout, runs);
+    }
+    if (!options.junit.empty()) {
+        std::ofstream file(options.junit);
+        write_conform_junit(file, runs);
+        file.close();
+        if (!file) {
+            std::cerr << "nxmem conform: cannot write " << options.junit << '\n';
+            return exit_refused;
+        }
+    }
+    std::cout.flush();
+    for (const plugin_run& run : runs) {
+        if (!run.conforms()) {
+            return exit_refused;
+        }
+    }
+    return problems ? exit_refused : exit_ok;
+}
+
+} // namespace
+
+subcommand add_conform(CLI::App& parent) {
+    auto options = std::make_shared<conform_options>();
+    CLI::App* conform = parent.add_subcommand(
+        "conform", "Check plugins against every rule of the contract (the conformance suite).");
+    conform->footer(
+        "Each mechanism is checked in a child process of its own, on device 0 of the first\n"
+        "device type it serves (or on --device). A mechanism that crashes is reported as\n"
+        "'crashed (signal N) during check ID' with the results it sent before; the other\n"
+        "mechanisms are still checked. Every check reads PASS, FAIL (expected, got) or N/A\n"
+        "(why); docs/CONFORMANCE.md lists them with the rule each enforces.\n"
+        "\n"
+        "Without PLUGIN arguments: the files and directories (their *.so files) listed in\n"
+        "NXMEM_PLUGIN_PATH, colon-separated; if it is unset, the plugins built with nxmem.\n"
+        "\n"
+        "Exit status: 0 when every mechanism conforms, 1 when any check failed, a mechanism\n"
+        "crashed or a plugin was refused, 2 on bad usage.");
+    conform->add_option("PLUGIN", options->plugins, "Plugin shared objects (.so) to check")
+        ->type_name("PATH");
+    conform->add_option("--mechanism", options->mechanism, "Check only the mechanism of this name")
+        ->type_name("NAME");
+    conform
+        ->add_option("--device", options->device,
+                     "Check on this device instead of each mechanism's first: cpu:0, cuda:1, ...")
+        ->type_name("TYPE:INDEX")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                return parse_device(text) ? std::string()
+                                          : "expected TYPE:INDEX with TYPE one of cpu, cuda, hip, "
+                                            "level_zero";
+            },
+            std::string()));
+    auto* json = conform->add_flag(
+        "--json", options->json,
+        "Print one JSON document (an array, one object per plugin) and nothing else on standard "
+        "output");
+    conform
+        ->add_option("--junit", options->junit,
+                     "Also write a JUnit XML report to FILE: one testsuite per mechanism, one "
+                     "testcase per check")
+        ->type_name("FILE")
+        ->excludes(json);
+    conform->add_option("--timeout", options->timeout_seconds,
+                        "Seconds one mechanism's checks may take before they count as hung "
+                        "(default 300)")
+        ->type_name("SECONDS")
+        ->check(CLI::Range(1u, 86400u));
+    return {conform, [options] { return run_conform(*options); }};
+}
+
+} // namespace nxmem::tool

@@ -1,0 +1,51 @@
+// What `nxmem conform` learned about each plugin and mechanism, and how it learned it: each
+// mechanism's checks run in a forked child that streams its events (JSON lines) down a pipe.
+#pragma once
+
+#include <nxmem/conform/check.hpp>
+#include <nxmem/device.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nxmem::tool {
+
+struct conform_check {
+    conform::check_result result;
+    std::string rule; // the section of docs/ABI.md; empty for a synthesised result
+};
+
+struct mechanism_run {
+    std::string name;
+    std::string device; // "cpu:0"
+    std::vector<conform_check> checks;
+    std::optional<std::string> crash; // "crashed (signal 11) during check X"
+
+    std::size_t count(conform::outcome verdict) const;
+    bool conforms() const { return !crash && count(conform::outcome::fail) == 0; }
+};
+
+struct plugin_run {
+    std::string path;
+    std::optional<std::string> load_error; // the plugin could not even be listed
+    std::vector<mechanism_run> mechanisms;
+
+    bool conforms() const;
+};
+
+struct conform_request {
+    std::string path;
+    std::optional<std::string> mechanism; // only this one
+    std::optional<device_id> device;      // instead of each mechanism's default
+    unsigned timeout_seconds = 300;       // per mechanism
+};
+
+// Lists the plugin's mechanisms in one child, then runs each mechanism's checks in another.
+plugin_run run_conformance(const conform_request& request);
+
+// "cpu:0" and back.
+std::string device_label(device_id device);
+std::optional<device_id> parse_device(const std::string& text);
+
+} // namespace nxmem::tool
