@@ -3,12 +3,19 @@
 #include "names.hpp"
 #include "text_table.hpp"
 
+#include <nxmem/detail/hex.hpp>
+
 #include <cstddef>
 #include <string>
 
 namespace nxmem::tool {
 
 namespace {
+
+// Small ids in decimal; large ones (often four ASCII letters) in hexadecimal.
+std::string mechanism_id_label(std::uint64_t id) {
+    return id <= 0xFFFF ? std::to_string(id) : "0x" + nxmem::detail::to_hex(id);
+}
 
 // "1.1", or "1.1 (read as 1.0)" when the host clamped a newer table to the negotiated minor.
 std::string minor_cell(std::uint32_t major, std::uint32_t declared, std::uint32_t effective) {
@@ -63,7 +70,7 @@ void print_mechanisms(std::ostream& out, const plugin_report& report) {
                       {"CAPABILITY TABLES", align::left}});
     for (const factory_report& entry : report.factories) {
         const host::factory_info& factory = entry.factory;
-        std::vector<std::string> row{factory.name, std::to_string(factory.mechanism_id),
+        std::vector<std::string> row{factory.name, mechanism_id_label(factory.mechanism_id),
                                      join(device_type_names(factory.device_types), " ", "none"),
                                      minor_cell(report.version.major, factory.declared_minor, factory.effective_minor)};
         if (!entry.probe) {
