@@ -2,6 +2,7 @@
 // These tests pin every rule of DESIGN.md's read_prefix section: null and misaligned pointers,
 // struct_size read first and bounded, self-contradicting senders refused, the level clamped into
 // the local copy only, slots above the level NULL, and never a byte read past struct_size.
+#include "../support/byte_buffer.hpp"
 #include <nxmem/abi/read_prefix.hpp>
 
 #include <catch2/catch.hpp>
@@ -29,28 +30,7 @@ using Catch::Matchers::Contains;
 
 constexpr std::uint32_t u32_max = std::numeric_limits<std::uint32_t>::max();
 
-// An exactly sized, 8-aligned heap buffer: under AddressSanitizer a read even one byte past its
-// end is reported, so "never reads past struct_size" is checked to the byte.
-class byte_buffer {
-public:
-    explicit byte_buffer(std::size_t size, unsigned char fill = 0)
-        : size_(size),
-          data_(static_cast<unsigned char*>(::operator new(size, std::align_val_t{8}))) {
-        std::memset(data_.get(), fill, size_);
-    }
-
-    unsigned char* data() const noexcept { return data_.get(); }
-    std::size_t size() const noexcept { return size_; }
-
-private:
-    struct aligned_delete {
-        void operator()(unsigned char* bytes) const noexcept {
-            ::operator delete(bytes, std::align_val_t{8});
-        }
-    };
-    std::size_t size_;
-    std::unique_ptr<unsigned char, aligned_delete> data_;
-};
+using nxmem::test::byte_buffer;
 
 // Two pages: the first read-write, the second PROT_NONE. Touching the second one faults.
 class guarded_page {

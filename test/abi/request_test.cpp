@@ -1,5 +1,6 @@
 // Requests (host -> plugin) follow the kernel's extensible-struct rule; outputs (plugin -> host)
 // are written only within the receiver's struct_size; make_struct is what a sender starts from.
+#include "../support/byte_buffer.hpp"
 #include <nxmem/abi/request.hpp>
 
 #include <catch2/catch.hpp>
@@ -22,30 +23,7 @@ using nxmem::abi::read_request;
 using nxmem::abi::write_output;
 using Catch::Matchers::Contains;
 
-// An exactly sized, 8-aligned heap buffer: under AddressSanitizer one byte read past its end is
-// reported.
-class byte_buffer {
-public:
-    explicit byte_buffer(std::size_t size, unsigned char fill = 0)
-        : size_(size),
-          data_(static_cast<unsigned char*>(::operator new(size, std::align_val_t{8}))) {
-        std::memset(data_.get(), fill, size_);
-    }
-
-    unsigned char* data() const noexcept { return data_.get(); }
-    std::size_t size() const noexcept { return size_; }
-    template <class T> T* as() const noexcept { return reinterpret_cast<T*>(data()); }
-    std::vector<unsigned char> bytes() const { return {data(), data() + size_}; }
-
-private:
-    struct aligned_delete {
-        void operator()(unsigned char* bytes) const noexcept {
-            ::operator delete(bytes, std::align_val_t{8});
-        }
-    };
-    std::size_t size_;
-    std::unique_ptr<unsigned char, aligned_delete> data_;
-};
+using nxmem::test::byte_buffer;
 
 NxmemAllocRequest sample_request() {
     auto request = make_struct<NxmemAllocRequest>();

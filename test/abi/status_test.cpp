@@ -1,4 +1,5 @@
 // Status codes, their names, bounded writes and reads of NxmemStatus, and nxmem::error.
+#include "../support/byte_buffer.hpp"
 #include <nxmem/abi/result.hpp>
 #include <nxmem/abi/status.hpp>
 
@@ -32,29 +33,7 @@ using nxmem::abi::write_status;
 constexpr std::size_t message_offset = offsetof(NxmemStatus, message);
 constexpr unsigned char sentinel = 0x5A;
 
-// An exactly sized heap buffer, aligned for NxmemStatus: under AddressSanitizer one byte touched
-// past its end is reported.
-class byte_buffer {
-public:
-    explicit byte_buffer(std::size_t size, unsigned char fill = 0)
-        : size_(size),
-          data_(static_cast<unsigned char*>(::operator new(size, std::align_val_t{8}))) {
-        std::memset(data_.get(), fill, size_);
-    }
-
-    unsigned char* data() const noexcept { return data_.get(); }
-    std::size_t size() const noexcept { return size_; }
-    NxmemStatus* status() const noexcept { return reinterpret_cast<NxmemStatus*>(data()); }
-
-private:
-    struct aligned_delete {
-        void operator()(unsigned char* bytes) const noexcept {
-            ::operator delete(bytes, std::align_val_t{8});
-        }
-    };
-    std::size_t size_;
-    std::unique_ptr<unsigned char, aligned_delete> data_;
-};
+using nxmem::test::byte_buffer;
 
 std::string repeat(std::string_view piece, std::size_t times) {
     std::string text;
@@ -246,7 +225,7 @@ TEST_CASE("write_status respects a status whose struct_size is smaller than Nxme
         byte_buffer buffer(sizeof(NxmemStatus), sentinel);
         std::memcpy(buffer.data(), &size, sizeof size);
 
-        CHECK(write_status(buffer.status(), NXMEM_STATUS_OUT_OF_MEMORY, long_message) ==
+        CHECK(write_status(buffer.as<NxmemStatus>(), NXMEM_STATUS_OUT_OF_MEMORY, long_message) ==
               NXMEM_STATUS_OUT_OF_MEMORY);
 
         // Nothing at or past struct_size changed.
@@ -271,7 +250,7 @@ TEST_CASE("write_status respects a status whose struct_size is smaller than Nxme
         byte_buffer buffer(sizeof(NxmemStatus), sentinel);
         const std::uint32_t size = message_offset + 2; // room for one byte and the NUL
         std::memcpy(buffer.data(), &size, sizeof size);
-        write_status(buffer.status(), NXMEM_STATUS_INTERNAL_ERROR, "\xC3\xA9\xC3\xA9");
+        write_status(buffer.as<NxmemStatus>(), NXMEM_STATUS_INTERNAL_ERROR, "\xC3\xA9\xC3\xA9");
         CHECK(buffer.data()[message_offset] == '\0');
         CHECK(buffer.data()[size] == sentinel);
     }
@@ -283,17 +262,17 @@ TEST_CASE("write_status never writes past 264 bytes, whatever struct_size claims
         CAPTURE(size);
         byte_buffer buffer(sizeof(NxmemStatus) + 64, sentinel);
         std::memcpy(buffer.data(), &size, sizeof size);
-        write_status(buffer.status(), NXMEM_STATUS_INTERNAL_ERROR, std::string(1000, 'q'));
+        write_status(buffer.as<NxmemStatus>(), NXMEM_STATUS_INTERNAL_ERROR, std::string(1000, 'q'));
         CHECK(std::all_of(buffer.data() + sizeof(NxmemStatus), buffer.data() + buffer.size(),
                           [](unsigned char b) { return b == sentinel; }));
-        CHECK(terminated_message(*buffer.status()) == std::string(255, 'q'));
+        CHECK(terminated_message(*buffer.as<NxmemStatus>()) == std::string(255, 'q'));
     }
 }
 
 TEST_CASE("read_status_message reads an unterminated buffer without overrun", "[status][bounds]") {
     // Exactly sizeof(NxmemStatus) bytes: a read past the message array is an ASan report.
     byte_buffer buffer(sizeof(NxmemStatus), 'A');
-    NxmemStatus* status = buffer.status();
+    NxmemStatus* status = buffer.as<NxmemStatus>();
     status->struct_size = sizeof(NxmemStatus);
     status->code = NXMEM_STATUS_INTERNAL_ERROR;
     std::memset(status->message, 'A', sizeof status->message);

@@ -437,25 +437,17 @@ private:
         });
     }
 
-    static NxmemStatusCode slot_retain_shared_prefix(NxmemAllocatorVtable* table,
-                                                     const NxmemSharedPrefixHandle* raw,
-                                                     NxmemStatus* status) noexcept {
+    // retain_shared_prefix and release_shared_prefix: check the handle, then add or drop one
+    // reference.
+    template <result<void> (allocator_object::*change)(std::uint64_t)>
+    static NxmemStatusCode slot_change_prefix_reference(NxmemAllocatorVtable* table,
+                                                        const NxmemSharedPrefixHandle* raw,
+                                                        NxmemStatus* status) noexcept {
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(prefix, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_prefix(prefix));
-            return object.add_prefix_reference(prefix.prefix_id);
-        });
-    }
-
-    static NxmemStatusCode slot_release_shared_prefix(NxmemAllocatorVtable* table,
-                                                      const NxmemSharedPrefixHandle* raw,
-                                                      NxmemStatus* status) noexcept {
-        return detail::run_slot(status, [&]() -> result<void> {
-            allocator_object& object = self(table);
-            NXMEM_TRY(prefix, abi::read_request(raw));
-            NXMEM_TRY_VOID(object.check_prefix(prefix));
-            return object.drop_prefix_reference(prefix.prefix_id);
+            return (object.*change)(prefix.prefix_id);
         });
     }
 
@@ -511,8 +503,8 @@ private:
         sm.abi_minor = NXMEM_ABI_MINOR_BASELINE;
         sm.type_tag = NXMEM_TYPE_TAG_SHARED_MAPPING;
         sm.create_shared_prefix = &slot_create_shared_prefix;
-        sm.retain_shared_prefix = &slot_retain_shared_prefix;
-        sm.release_shared_prefix = &slot_release_shared_prefix;
+        sm.retain_shared_prefix = &slot_change_prefix_reference<&allocator_object::add_prefix_reference>;
+        sm.release_shared_prefix = &slot_change_prefix_reference<&allocator_object::drop_prefix_reference>;
         sm.commit_shared_prefix = &slot_commit_shared_prefix;
         return sm;
     }
