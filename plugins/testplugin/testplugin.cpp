@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -552,12 +553,39 @@ struct segfaulting_mechanism : eager_mechanism {
     }
 };
 
+// Its structured release fails the first time for each allocation (nothing changes, the
+// allocation stays live) and completes the second time: the FAILED outcome's test.
+struct failing_release_mechanism : eager_mechanism {
+    static constexpr const char* name = "failing-release";
+    static constexpr std::uint64_t mechanism_id = 14;
+
+    static result<std::unique_ptr<failing_release_mechanism>> open(open_context&) {
+        return std::make_unique<failing_release_mechanism>();
+    }
+    result<release_outcome> release_allocation(const allocation_record& record) {
+        {
+            std::lock_guard lock(mutex_);
+            if (failed_once_.insert(record.address).second) {
+                return release_outcome{NXMEM_RELEASE_FAILED, 0, 0};
+            }
+            failed_once_.erase(record.address);
+        }
+        give_back_host_memory(record);
+        return release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
+    }
+
+private:
+    std::mutex mutex_;
+    std::set<std::uint64_t> failed_once_;
+};
+
 } // namespace
 
 NXMEM_EXPORT_PLUGIN(eager_mechanism, legacy_1_0_mechanism, lazy_mechanism, callback_probe_mechanism,
                     quarantining_mechanism, future_state_mechanism, sticky_mechanism,
                     throwing_mechanism, short_struct_mechanism, overclaiming_mechanism,
-                    no_misuse_check_mechanism, lying_capabilities_mechanism, segfaulting_mechanism);
+                    no_misuse_check_mechanism, lying_capabilities_mechanism, segfaulting_mechanism,
+                    failing_release_mechanism);
 
 // Test-only exports: counters read out of the loaded module itself. A test that read its own
 // statically linked copy of these would observe a different variable and prove nothing.

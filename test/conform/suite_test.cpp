@@ -99,7 +99,8 @@ TEST_CASE("each broken mechanism fails exactly the checks of the rule it breaks"
         expectation{"lying-capabilities", {"tables.capabilities", "allocator.open"}},
         expectation{"throwing", {"allocation.basic"}},
         expectation{"no-misuse-check", {"misuse.misdescribed"}},
-        expectation{"future-state", {"capability.structured_release"}});
+        expectation{"future-state", {"capability.structured_release"}},
+        expectation{"failing-release", {"allocation.basic"}});
     INFO("mechanism " << broken.mechanism);
     const auto results = conform::run_mechanism_checks(path, broken.mechanism);
     INFO(failures_of(results));

@@ -251,3 +251,24 @@ TEST_CASE("a release state from the future is quarantined, not guessed", "[struc
     }
     REQUIRE(module->try_unload());
 }
+
+TEST_CASE("a failed release leaves the allocation as live as before", "[structured-release]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto failing = open_or_fail<cpu_device>(module, "failing-release");
+        const auto live = value_or_fail(failing.allocate(4096, 64));
+        auto failed = failing.release(live);
+        REQUIRE_FALSE(failed);
+        CHECK_THAT(failed.error().message, Catch::Contains("still live"));
+        auto readiness = value_or_fail(module->readiness());
+        CHECK(readiness.host.allocations == 1); // nothing changed on either side
+        CHECK(readiness.plugin.allocations == 1);
+        CHECK(failing.quarantined_bytes() == 0);
+        // The same description releases it: the host kept its record.
+        auto report = value_or_fail(failing.release(live));
+        CHECK(report.state == release_state::complete);
+        CHECK(report.unmapped_bytes == 4096);
+        CHECK(value_or_fail(module->readiness()).host.allocations == 0);
+    }
+    REQUIRE(module->try_unload());
+}

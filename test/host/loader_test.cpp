@@ -93,11 +93,11 @@ TEST_CASE("negotiation fixes the highest common minor as the ceiling", "[negotia
 TEST_CASE("every factory is listed once with its name, id and device types", "[factories]") {
     auto module = load_or_fail(test::testplugin_path());
     const auto& factories = module->factories();
-    REQUIRE(factories.size() == 13);
+    REQUIRE(factories.size() == 14);
     for (const char* name : {"eager", "legacy-1-0", "lazy", "callback-probe", "quarantining",
                              "future-state", "sticky", "throwing", "short-struct",
                              "overclaiming", "no-misuse-check", "lying-capabilities",
-                             "segfaulting"}) {
+                             "segfaulting", "failing-release"}) {
         const host::factory_info* factory = module->find_factory(name);
         REQUIRE(factory != nullptr);
         CHECK(factory->mechanism_id != 0);
@@ -118,12 +118,12 @@ TEST_CASE("every factory is released exactly once", "[factories]") {
     const std::uint64_t released_before = keep.counter("NxmemTestFactoriesReleased");
     {
         auto module = load_or_fail(path);
-        CHECK(keep.counter("NxmemTestFactoriesCreated") - created_before == 13);
+        CHECK(keep.counter("NxmemTestFactoriesCreated") - created_before == 14);
         CHECK(keep.counter("NxmemTestFactoriesReleased") == released_before);
         auto allocator = test::open_or_fail<cpu_device>(module, "eager");
         (void)allocator;
     } // the allocator, then the module: every factory goes back here
-    CHECK(keep.counter("NxmemTestFactoriesReleased") - released_before == 13);
+    CHECK(keep.counter("NxmemTestFactoriesReleased") - released_before == 14);
     keep.close();
     CHECK_FALSE(is_mapped(path));
 }
