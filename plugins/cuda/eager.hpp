@@ -1,0 +1,142 @@
+// cuda-eager: device memory that is usable, and costs, from the moment it is allocated.
+//   allocate  cuMemAlloc with the device's primary context current; an alignment above the
+//             driver's 256 bytes is met by over-allocating by (alignment - 256) and handing out
+//             the aligned address inside (the base is remembered for cuMemFree)
+//   release   cuMemFree
+// It costs (mapped_bytes, budget) exactly the bytes asked of cuMemAlloc.
+#pragma once
+
+#include "../posix/budget.hpp"
+#include "device_context.hpp"
+#include "settings.hpp"
+
+#include <nxmem/plugin.hpp>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace nxmem::cuda {
+
+class eager_mechanism {
+public:
+    static constexpr const char* name = "cuda-eager";
+    static constexpr std::uint64_t mechanism_id = 0x43554401; // "CUD" 1
+    static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CUDA);
+    static constexpr bool uses_host_reclaim = true; // when a budget is set
+    // cuMemAlloc's addresses are aligned to at least this.
+    static constexpr std::uint64_t driver_alignment = 256;
+
+    eager_mechanism(const settings& taken, const plugin::open_context& context,
+                    std::unique_ptr<device_context> device)
+        : device_(std::move(device)),
+          budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
+
+    eager_mechanism(const eager_mechanism&) = delete;
+    eager_mechanism& operator=(const eager_mechanism&) = delete;
+
+    static result<std::unique_ptr<eager_mechanism>> open(plugin::open_context& context) {
+        NXMEM_TRY(taken, settings::take(context.options, name));
+        NXMEM_TRY(device, device_context::open(name, context.device));
+        return std::make_unique<eager_mechanism>(taken, context, std::move(device));
+    }
+
+    result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        NXMEM_TRY(cost, cost_of(size, alignment));
+        return budget_.with_reclaim<plugin::block>(
+            [&](posix::byte_budget::refusal& refused) -> result<plugin::block> {
+                if (const std::uint64_t shortfall = budget_.try_charge(cost); shortfall != 0) {
+                    refused = {cost, shortfall};
+                    return fail(status_code::out_of_memory, "budget");
+                }
+                result<std::uint64_t> address = device_memory(cost, alignment);
+                if (!address) {
+                    budget_.credit(cost);
+                    return boost::outcome_v2::failure(address.error());
+                }
+                return plugin::block{address.value(), size, cost};
+            });
+    }
+
+    result<void> deallocate(const plugin::allocation_record& record) {
+        NXMEM_TRY(released, release_allocation(record));
+        (void)released;
+        return boost::outcome_v2::success();
+    }
+
+    result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
+        NXMEM_TRY(cost, cost_of(record.size, record.alignment)); // it was computed once already
+        const CUdeviceptr base = base_of(record);
+        NXMEM_TRY_VOID(device_->current([&] {
+            return device_->check(device_->api().mem_free(base), [&] {
+                return std::string(name) + ": cuMemFree of 0x" + nxmem::detail::to_hex(base);
+            });
+        }));
+        forget_base(record);
+        budget_.credit(cost);
+        return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
+    }
+
+private:
+    static bool over_aligned(std::uint64_t alignment) noexcept { return alignment > driver_alignment; }
+
+    // The bytes asked of cuMemAlloc: the size, plus room to align within when over-aligned.
+    static result<std::uint64_t> cost_of(std::uint64_t size, std::uint64_t alignment) {
+        if (!over_aligned(alignment)) {
+            return size;
+        }
+        const std::uint64_t slack = alignment - driver_alignment;
+        if (size > UINT64_MAX - slack) {
+            return fail(status_code::out_of_memory,
+                        std::string(name) + ": " + std::to_string(size) + " bytes aligned to " +
+                            std::to_string(alignment) + " overflow");
+        }
+        return size + slack;
+    }
+
+    result<std::uint64_t> device_memory(std::uint64_t bytes, std::uint64_t alignment) {
+        CUdeviceptr base = 0;
+        NXMEM_TRY_VOID(device_->current([&] {
+            return device_->check(device_->api().mem_alloc(&base, static_cast<std::size_t>(bytes)),
+                                  [&] {
+                                      return std::string(name) + ": cuMemAlloc of " +
+                                             std::to_string(bytes) + " bytes";
+                                  });
+        }));
+        if (!over_aligned(alignment)) {
+            return static_cast<std::uint64_t>(base);
+        }
+        const std::uint64_t aligned = (base + (alignment - 1)) & ~(alignment - 1);
+        try {
+            std::lock_guard lock(bases_mutex_);
+            bases_.emplace(aligned, base);
+        } catch (...) {
+            (void)device_->current([&] { return device_->check(device_->api().mem_free(base), [] { return ""; }); });
+            throw; // the guard reports it
+        }
+        return aligned;
+    }
+
+    CUdeviceptr base_of(const plugin::allocation_record& record) {
+        if (!over_aligned(record.alignment)) {
+            return static_cast<CUdeviceptr>(record.address);
+        }
+        std::lock_guard lock(bases_mutex_);
+        return bases_.at(record.address); // the kit hands back only live records
+    }
+
+    void forget_base(const plugin::allocation_record& record) {
+        if (over_aligned(record.alignment)) {
+            std::lock_guard lock(bases_mutex_);
+            bases_.erase(record.address);
+        }
+    }
+
+    std::unique_ptr<device_context> device_;
+    posix::byte_budget budget_;
+    std::mutex bases_mutex_; // guards bases_: only over-aligned allocations take it
+    std::unordered_map<std::uint64_t, CUdeviceptr> bases_;
+};
+
+} // namespace nxmem::cuda

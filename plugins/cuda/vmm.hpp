@@ -1,0 +1,649 @@
+// cuda-vmm: device address space reserved at allocation, committed chunk by chunk, and shared
+// prefixes as one set of physical chunks mapped into many allocations. A chunk is the device's
+// allocation granularity (cuMemGetAllocationGranularity, minimum; 2 MiB on current GPUs), which
+// is also the commit granularity the allocator reports.
+//
+//   allocate              cuMemAddressReserve of the size rounded up to whole chunks, aligned as
+//                         asked (at least to a chunk); costs no device memory
+//   commit                per uncommitted chunk: cuMemCreate (pinned, on this device) + cuMemMap;
+//                         then one cuMemSetAccess (read/write for this device) per run of them
+//   decommit              per committed chunk: cuMemUnmap + cuMemRelease
+//   create_shared_prefix  cuMemCreate of the prefix's whole chunks (not mapped yet)
+//   commit_shared_prefix  cuMemMap of those chunks over the allocation's first chunks (private
+//                         chunks there are decommitted first) + cuMemSetAccess
+//   release               unmap and release every private chunk, unmap the prefix's, then
+//                         cuMemAddressFree
+// Every call runs with the device's primary context current.
+//
+// Ranges: the offset is a multiple of the chunk and the length too, or it reaches the end of the
+// allocation. Anything else is INVALID_ARGUMENT and changes nothing. Committing committed chunks
+// and decommitting uncommitted ones are successful no-ops.
+//
+// Accounting (as posix-lazy): mapped_bytes counts the allocation's committed private chunks, the
+// last one by its bytes within the allocation. A shared prefix is costed once, at its size, as the
+// newly_mapped_bytes of its first mapping, and never in an allocation's mapped_bytes; chunks
+// under a mapped prefix belong to it. The budget counts device memory: whole chunks, private and
+// prefix alike.
+//
+// Release: if the driver refuses to unmap or release a chunk, the release ends QUARANTINED: what
+// could be freed is credited, the rest is kept (residual_owned_bytes) and the address range is
+// never reused.
+//
+// Threads: reservations live in a table sharded by address; each has its own mutex, so calls on
+// different allocations share no lock beyond a shard's, held only for a lookup. The budget and
+// the usage totals are atomic counters.
+#pragma once
+
+#include "../posix/budget.hpp"
+#include "../posix/page_runs.hpp"
+#include "../posix/pages.hpp"
+#include "device_context.hpp"
+#include "settings.hpp"
+
+#include <nxmem/detail/sharded_table.hpp>
+#include <nxmem/plugin.hpp>
+
+#if __has_include(<nxmem/usage.hpp>)
+#include <nxmem/usage.hpp>
+#define NXMEM_CUDA_HAS_USAGE 1
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nxmem::cuda {
+
+using posix::page_run; // [first, end) chunk indices here
+using posix::page_runs;
+using posix::round_up;
+
+class vmm_mechanism {
+public:
+    static constexpr const char* name = "cuda-vmm";
+    static constexpr std::uint64_t mechanism_id = 0x43554402; // "CUD" 2
+    static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CUDA);
+    static constexpr bool uses_host_reclaim = true; // when a budget is set
+
+    vmm_mechanism(const settings& taken, const plugin::open_context& context,
+                  std::unique_ptr<device_context> device, std::uint64_t granularity)
+        : device_(std::move(device)), chunk_(granularity),
+          budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
+
+    vmm_mechanism(const vmm_mechanism&) = delete;
+    vmm_mechanism& operator=(const vmm_mechanism&) = delete;
+
+    // The kit hands every live allocation and prefix back before the mechanism goes; what is
+    // left is what quarantined releases kept, which is given back to the driver now.
+    ~vmm_mechanism() {
+        for (const std::shared_ptr<reservation>& kept : quarantine_) {
+            (void)device_->current([&] { return free_reservation(*kept); });
+        }
+    }
+
+    static result<std::unique_ptr<vmm_mechanism>> open(plugin::open_context& context) {
+        NXMEM_TRY(taken, settings::take(context.options, name));
+        NXMEM_TRY(device, device_context::open(name, context.device));
+        NXMEM_TRY(granularity, chunk_granularity(*device));
+        return std::make_unique<vmm_mechanism>(taken, context, std::move(device), granularity);
+    }
+
+    // The minor-2 commit granularity: one chunk.
+    std::uint64_t commit_granularity() const noexcept { return chunk_; }
+
+    // ---- allocation ----
+
+    result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        NXMEM_TRY(length, round_up(size, chunk_, name));
+        CUdeviceptr address = 0;
+        const std::size_t placed = alignment > chunk_ ? static_cast<std::size_t>(alignment) : 0;
+        NXMEM_TRY_VOID(device_->current([&] {
+            return device_->check(
+                device_->api().mem_address_reserve(&address, static_cast<std::size_t>(length),
+                                                   placed, 0, 0),
+                [&] {
+                    return std::string(name) + ": cuMemAddressReserve of " +
+                           std::to_string(length) + " bytes aligned to " +
+                           std::to_string(std::max(alignment, chunk_));
+                });
+        }));
+        try {
+            reservations_.insert(address, std::make_shared<reservation>(address, size, length));
+        } catch (...) {
+            (void)device_->current([&] {
+                return device_->check(device_->api().mem_address_free(address, length), [] { return ""; });
+            });
+            throw; // the guard reports it
+        }
+        live_allocations_.fetch_add(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+        return plugin::block{static_cast<std::uint64_t>(address), size, 0};
+    }
+
+    result<void> deallocate(const plugin::allocation_record& record) {
+        NXMEM_TRY(released, release_allocation(record));
+        (void)released;
+        return boost::outcome_v2::success();
+    }
+
+    // COMPLETE with unmapped_bytes = the committed private bytes (the prefix is costed apart);
+    // QUARANTINED when the driver kept some chunks.
+    result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
+        NXMEM_TRY(held, take(record));
+        std::lock_guard lock(held->mutex);
+        held->released = true;
+        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_sub(held->size, std::memory_order_relaxed);
+        if (held->prefix) {
+            held->prefix->sharers.fetch_sub(1, std::memory_order_relaxed);
+        }
+        const std::uint64_t committed_before = held->committed_bytes;
+        const std::uint64_t chunks_before = held->chunks.size();
+        result<void> freed = device_->current([&] { return free_reservation(*held); });
+        const std::uint64_t unmapped = committed_before - held->committed_bytes;
+        mapped_bytes_.fetch_sub(unmapped, std::memory_order_relaxed);
+        budget_.credit((chunks_before - held->chunks.size()) * chunk_);
+        if (freed) {
+            return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
+        }
+        // The driver kept something: it stays ours, its address range is never handed out again.
+        // The residue is the committed bytes still mapped, or, when only the address range could
+        // not be freed, that range.
+        const std::uint64_t residual = held->committed_bytes != 0 ? held->committed_bytes : held->length;
+        quarantined_bytes_.fetch_add(residual, std::memory_order_relaxed);
+        mapped_bytes_.fetch_sub(held->committed_bytes, std::memory_order_relaxed);
+        std::lock_guard quarantine_lock(quarantine_mutex_);
+        quarantine_.push_back(held);
+        return plugin::release_outcome{NXMEM_RELEASE_QUARANTINED, unmapped, residual};
+    }
+
+    // Deferred release retires at once: the driver's unmap does not wait for anything the
+    // plugin could observe (the engine drains once its streams are done with the memory).
+    result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
+        NXMEM_TRY(outcome, release_allocation(record));
+        return std::optional<plugin::release_outcome>{outcome};
+    }
+
+    // ---- virtual backing ----
+
+    result<void> commit(const plugin::allocation_record& record, byte_range range) {
+        NXMEM_TRY(chunks, chunks_of(record, range));
+        NXMEM_TRY(held, find(record));
+        return budget_.with_reclaim<void>([&](posix::byte_budget::refusal& refused) -> result<void> {
+            std::lock_guard lock(held->mutex);
+            NXMEM_TRY_VOID(check_live(*held));
+            const std::uint64_t first = std::max(chunks.first, held->prefix_chunks);
+            if (first >= chunks.second) {
+                return boost::outcome_v2::success(); // all under the prefix
+            }
+            const std::vector<page_run> gaps = held->committed.uncommitted_within(first, chunks.second);
+            std::uint64_t wanted = 0;
+            for (const page_run& gap : gaps) {
+                wanted += (gap.second - gap.first) * chunk_;
+            }
+            if (wanted == 0) {
+                return boost::outcome_v2::success(); // committed already: costs nothing more
+            }
+            if (const std::uint64_t shortfall = budget_.try_charge(wanted); shortfall != 0) {
+                refused = {wanted, shortfall};
+                return fail(status_code::out_of_memory, "budget");
+            }
+            return device_->current([&] { return commit_gaps(*held, gaps, wanted); });
+        });
+    }
+
+    result<void> decommit(const plugin::allocation_record& record, byte_range range) {
+        NXMEM_TRY(chunks, chunks_of(record, range));
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        const std::uint64_t first = std::max(chunks.first, held->prefix_chunks);
+        if (first >= chunks.second) {
+            return boost::outcome_v2::success();
+        }
+        return device_->current([&]() -> result<void> {
+            for (const page_run& run : held->committed.committed_within(first, chunks.second)) {
+                NXMEM_TRY_VOID(decommit_run(*held, run));
+            }
+            return boost::outcome_v2::success();
+        });
+    }
+
+    result<std::uint64_t> mapped_bytes(const plugin::allocation_record& record) {
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        return held->committed_bytes;
+    }
+
+    // ---- shared mapping ----
+
+    result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
+        NXMEM_TRY(length, round_up(size, chunk_, name));
+        return budget_.with_reclaim<std::uint64_t>(
+            [&](posix::byte_budget::refusal& refused) -> result<std::uint64_t> {
+                if (const std::uint64_t shortfall = budget_.try_charge(length); shortfall != 0) {
+                    refused = {length, shortfall};
+                    return fail(status_code::out_of_memory, "budget");
+                }
+                result<std::uint64_t> made = device_->current([&] { return make_prefix(size, length); });
+                if (!made) {
+                    budget_.credit(length);
+                }
+                return made;
+            });
+    }
+
+    result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,
+                                               std::uint64_t prefix_id) {
+        std::shared_ptr<shared_chunks> shared;
+        {
+            std::lock_guard lock(prefixes_mutex_);
+            auto found = prefixes_.find(prefix_id);
+            if (found == prefixes_.end()) {
+                return fail(status_code::invalid_argument,
+                            std::string(name) + ": no live shared prefix " + std::to_string(prefix_id));
+            }
+            shared = found->second;
+        }
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        if (held->prefix) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the allocation at 0x" +
+                            nxmem::detail::to_hex(held->address) + " already maps shared prefix " +
+                            std::to_string(held->prefix->id) + "; one prefix per allocation");
+        }
+        if (shared->size > held->size) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a prefix of " + std::to_string(shared->size) +
+                            " bytes does not fit an allocation of " + std::to_string(held->size));
+        }
+        const std::uint64_t count = shared->handles.size();
+        NXMEM_TRY_VOID(device_->current([&]() -> result<void> {
+            // The private chunks the prefix will cover go first.
+            for (const page_run& run : held->committed.committed_within(0, count)) {
+                NXMEM_TRY_VOID(decommit_run(*held, run));
+            }
+            return map_prefix(*held, *shared);
+        }));
+        held->prefix = shared;
+        held->prefix_chunks = count;
+        const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
+        const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
+        return prefix_commit{shared->size, first ? shared->size : 0, sharers};
+    }
+
+    void destroy_shared_prefix(std::uint64_t prefix_id) {
+        std::shared_ptr<shared_chunks> gone;
+        {
+            std::lock_guard lock(prefixes_mutex_);
+            auto found = prefixes_.find(prefix_id);
+            if (found == prefixes_.end()) {
+                return;
+            }
+            gone = std::move(found->second);
+            prefixes_.erase(found);
+        }
+        // Its last mapping went with its last sharer: releasing the handles frees the memory.
+        (void)device_->current([&] { return release_handles(gone->handles); });
+        budget_.credit(gone->handles.size() * chunk_);
+        shared_prefix_bytes_.fetch_sub(gone->size, std::memory_order_relaxed);
+    }
+
+#ifdef NXMEM_CUDA_HAS_USAGE
+    // ---- usage (minor 2) ----
+    result<allocator_usage> usage() const {
+        allocator_usage now{};
+        now.live_allocations = live_allocations_.load(std::memory_order_relaxed);
+        now.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
+        now.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
+        now.shared_prefix_bytes = shared_prefix_bytes_.load(std::memory_order_relaxed);
+        now.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
+        return now;
+    }
+#endif
+
+private:
+    using handle = CUmemGenericAllocationHandle;
+
+    struct shared_chunks {
+        shared_chunks(std::uint64_t prefix_id, std::uint64_t bytes, std::vector<handle> made)
+            : id(prefix_id), size(bytes), handles(std::move(made)) {}
+        const std::uint64_t id;
+        const std::uint64_t size; // as asked
+        const std::vector<handle> handles;
+        std::atomic<std::uint64_t> sharers{0};
+        std::atomic<bool> ever_mapped{false};
+    };
+
+    struct reservation {
+        reservation(std::uint64_t at, std::uint64_t bytes, std::uint64_t whole_chunks)
+            : address(at), size(bytes), length(whole_chunks) {}
+
+        const std::uint64_t address;
+        const std::uint64_t size;   // as asked
+        const std::uint64_t length; // whole chunks
+        std::mutex mutex;           // guards everything below
+        page_runs committed;        // chunk indices of the private chunks
+        std::map<std::uint64_t, handle> chunks; // chunk index -> its physical handle
+        std::uint64_t committed_bytes = 0;
+        std::shared_ptr<shared_chunks> prefix;
+        std::uint64_t prefix_chunks = 0;
+        bool prefix_mapped = false;
+        bool released = false;
+    };
+
+    static result<std::uint64_t> chunk_granularity(const device_context& device) {
+        int supported = 0;
+        NXMEM_TRY_VOID(device.check(
+            device.api().device_get_attribute(
+                &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device.device()),
+            [] { return std::string(name) + ": cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)"; }));
+        if (supported == 0) {
+            return fail(status_code::wrong_device,
+                        std::string(name) + ": CUDA device " + std::to_string(device.ordinal()) +
+                            " does not support virtual memory management");
+        }
+        const CUmemAllocationProp properties = chunk_properties(device.ordinal());
+        std::size_t granularity = 0;
+        NXMEM_TRY_VOID(device.check(device.api().mem_get_allocation_granularity(
+                                        &granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                                    [] { return std::string(name) + ": cuMemGetAllocationGranularity"; }));
+        if (granularity == 0 || (granularity & (granularity - 1)) != 0) {
+            return fail(status_code::internal_error,
+                        std::string(name) + ": the driver reports an allocation granularity of " +
+                            std::to_string(granularity) + " bytes, not a power of two");
+        }
+        return static_cast<std::uint64_t>(granularity);
+    }
+
+    static CUmemAllocationProp chunk_properties(int ordinal) noexcept {
+        CUmemAllocationProp properties{};
+        properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        properties.location.id = ordinal;
+        return properties;
+    }
+
+    // Accepts the reservation if it is the one the record describes (a stale copy, released or
+    // with its address reused since, is refused).
+    static result<void> matches(const plugin::allocation_record& record,
+                                const std::shared_ptr<reservation>* held) {
+        if (held == nullptr || (*held)->size != record.size) {
+            return fail(status_code::unknown_allocation,
+                        std::string(name) + ": no live reservation at 0x" +
+                            nxmem::detail::to_hex(record.address));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    result<std::shared_ptr<reservation>> find(const plugin::allocation_record& record) {
+        return reservations_.find(record.address, [&](const std::shared_ptr<reservation>* held) {
+            return matches(record, held);
+        });
+    }
+
+    // Removes the reservation from the table before it is freed, so a new reservation at the
+    // same address can be recorded the moment the old one is gone.
+    result<std::shared_ptr<reservation>> take(const plugin::allocation_record& record) {
+        return reservations_.take(record.address, [&](const std::shared_ptr<reservation>* held) {
+            return matches(record, held);
+        });
+    }
+
+    static result<void> check_live(const reservation& held) {
+        if (held.released) {
+            return fail(status_code::unknown_allocation,
+                        std::string(name) + ": the allocation at 0x" +
+                            nxmem::detail::to_hex(held.address) + " was released meanwhile");
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // [first, end) chunk indices of a chunk-granular range; INVALID_ARGUMENT otherwise. The kit
+    // has checked that the range is non-empty and lies within the allocation.
+    result<page_run> chunks_of(const plugin::allocation_record& record, byte_range range) const {
+        const bool reaches_end = range.offset + range.length == record.size;
+        if (range.offset % chunk_ != 0 || (range.length % chunk_ != 0 && !reaches_end)) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": ranges are chunk-granular (" +
+                            std::to_string(chunk_) + " bytes, the device's allocation "
+                            "granularity): offset " + std::to_string(range.offset) +
+                            " must be a multiple and length " + std::to_string(range.length) +
+                            " a multiple or reach the allocation's end at " +
+                            std::to_string(record.size));
+        }
+        return page_run{range.offset / chunk_, (range.offset + range.length + chunk_ - 1) / chunk_};
+    }
+
+    // The bytes of the chunks `run` that lie within the allocation (the last may be partial).
+    std::uint64_t bytes_of(const reservation& held, const page_run& run) const noexcept {
+        return std::min(run.second * chunk_, held.size) - run.first * chunk_;
+    }
+
+    std::uint64_t address_of(const reservation& held, std::uint64_t chunk) const noexcept {
+        return held.address + chunk * chunk_;
+    }
+
+    result<handle> create_chunk(std::uint64_t bytes) const {
+        const CUmemAllocationProp properties = chunk_properties(device_->ordinal());
+        handle made = 0;
+        NXMEM_TRY_VOID(device_->check(
+            device_->api().mem_create(&made, static_cast<std::size_t>(bytes), &properties, 0), [&] {
+                return std::string(name) + ": cuMemCreate of " + std::to_string(bytes) + " bytes";
+            }));
+        return made;
+    }
+
+    result<void> map_chunk(std::uint64_t at, handle chunk) const {
+        return device_->check(device_->api().mem_map(at, static_cast<std::size_t>(chunk_), 0, chunk, 0), [&] {
+            return std::string(name) + ": cuMemMap of a " + std::to_string(chunk_) +
+                   "-byte chunk at 0x" + nxmem::detail::to_hex(at);
+        });
+    }
+
+    result<void> unmap_chunk(std::uint64_t at) const {
+        return device_->check(device_->api().mem_unmap(at, static_cast<std::size_t>(chunk_)), [&] {
+            return std::string(name) + ": cuMemUnmap of the chunk at 0x" + nxmem::detail::to_hex(at);
+        });
+    }
+
+    result<void> allow_access(std::uint64_t at, std::uint64_t bytes) const {
+        CUmemAccessDesc access{};
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = device_->ordinal();
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        return device_->check(device_->api().mem_set_access(at, static_cast<std::size_t>(bytes), &access, 1), [&] {
+            return std::string(name) + ": cuMemSetAccess of " + std::to_string(bytes) +
+                   " bytes at 0x" + nxmem::detail::to_hex(at);
+        });
+    }
+
+    result<void> release_handles(const std::vector<handle>& handles) const {
+        result<void> outcome = boost::outcome_v2::success();
+        for (handle chunk : handles) {
+            result<void> released = device_->check(device_->api().mem_release(chunk), [] {
+                return std::string(name) + ": cuMemRelease";
+            });
+            if (!released && outcome) {
+                outcome = std::move(released);
+            }
+        }
+        return outcome;
+    }
+
+    // Commits each gap; `wanted` (whole chunks) has been charged. A gap is all or nothing: on a
+    // failure its chunks are undone, the earlier gaps stay committed (mapped_bytes tells) and the
+    // rest of the charge is given back.
+    result<void> commit_gaps(reservation& held, const std::vector<page_run>& gaps, std::uint64_t wanted) {
+        for (const page_run& gap : gaps) {
+            std::vector<handle> made;
+            result<void> committed = commit_gap(held, gap, made);
+            if (!committed) {
+                for (std::size_t i = made.size(); i-- > 0;) {
+                    (void)unmap_chunk(address_of(held, gap.first + i));
+                }
+                (void)release_handles(made);
+                budget_.credit(wanted);
+                return committed;
+            }
+            for (std::uint64_t chunk = gap.first; chunk < gap.second; ++chunk) {
+                held.chunks.emplace(chunk, made[chunk - gap.first]);
+            }
+            held.committed.insert(gap.first, gap.second);
+            const std::uint64_t bytes = bytes_of(held, gap);
+            held.committed_bytes += bytes;
+            mapped_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+            wanted -= (gap.second - gap.first) * chunk_;
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // Creates and maps the gap's chunks (`made` holds those mapped), then opens them to the device.
+    result<void> commit_gap(reservation& held, const page_run& gap, std::vector<handle>& made) {
+        made.reserve(gap.second - gap.first);
+        for (std::uint64_t chunk = gap.first; chunk < gap.second; ++chunk) {
+            NXMEM_TRY(created, create_chunk(chunk_));
+            if (result<void> mapped = map_chunk(address_of(held, chunk), created); !mapped) {
+                (void)device_->api().mem_release(created);
+                return mapped;
+            }
+            made.push_back(created);
+        }
+        return allow_access(address_of(held, gap.first), (gap.second - gap.first) * chunk_);
+    }
+
+    // Unmaps and releases the committed chunks of `run`, one by one; a chunk the driver keeps
+    // mapped stays committed and the failure is reported.
+    result<void> decommit_run(reservation& held, const page_run& run) {
+        for (std::uint64_t chunk = run.first; chunk < run.second; ++chunk) {
+            NXMEM_TRY_VOID(unmap_chunk(address_of(held, chunk)));
+            auto found = held.chunks.find(chunk);
+            (void)device_->check(device_->api().mem_release(found->second), [] { return ""; });
+            held.chunks.erase(found);
+            held.committed.erase(chunk, chunk + 1);
+            const std::uint64_t bytes = bytes_of(held, {chunk, chunk + 1});
+            held.committed_bytes -= bytes;
+            mapped_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+            budget_.credit(chunk_);
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // Maps every chunk of the prefix over the allocation's first chunks; all or nothing.
+    result<void> map_prefix(reservation& held, const shared_chunks& shared) {
+        std::uint64_t mapped = 0;
+        result<void> outcome = boost::outcome_v2::success();
+        for (; mapped < shared.handles.size() && outcome; ++mapped) {
+            outcome = map_chunk(address_of(held, mapped), shared.handles[mapped]);
+        }
+        if (outcome) {
+            outcome = allow_access(held.address, shared.handles.size() * chunk_);
+        } else {
+            --mapped; // the one that failed is not mapped
+        }
+        if (!outcome) {
+            for (std::uint64_t chunk = 0; chunk < mapped; ++chunk) {
+                (void)unmap_chunk(address_of(held, chunk));
+            }
+            return outcome;
+        }
+        held.prefix_mapped = true;
+        return boost::outcome_v2::success();
+    }
+
+    // Unmaps the prefix and every private chunk, releases the private chunks and frees the
+    // address range. What the driver refuses stays recorded in `held` (committed_bytes, chunks).
+    result<void> free_reservation(reservation& held) {
+        result<void> outcome = boost::outcome_v2::success();
+        const auto keep_first_failure = [&outcome](result<void> step) {
+            if (!step && outcome) {
+                outcome = std::move(step);
+            }
+        };
+        if (held.prefix_mapped) {
+            bool all_unmapped = true;
+            for (std::uint64_t chunk = 0; chunk < held.prefix_chunks; ++chunk) {
+                result<void> unmapped = unmap_chunk(address_of(held, chunk));
+                all_unmapped = all_unmapped && unmapped.has_value();
+                keep_first_failure(std::move(unmapped));
+            }
+            held.prefix_mapped = !all_unmapped;
+        }
+        for (auto it = held.chunks.begin(); it != held.chunks.end();) {
+            const std::uint64_t chunk = it->first;
+            if (result<void> unmapped = unmap_chunk(address_of(held, chunk)); !unmapped) {
+                keep_first_failure(std::move(unmapped));
+                ++it;
+                continue;
+            }
+            keep_first_failure(device_->check(device_->api().mem_release(it->second), [] {
+                return std::string(name) + ": cuMemRelease";
+            }));
+            held.committed.erase(chunk, chunk + 1);
+            held.committed_bytes -= bytes_of(held, {chunk, chunk + 1});
+            it = held.chunks.erase(it);
+        }
+        if (outcome) {
+            keep_first_failure(device_->check(
+                device_->api().mem_address_free(held.address, static_cast<std::size_t>(held.length)),
+                [&] {
+                    return std::string(name) + ": cuMemAddressFree of " +
+                           std::to_string(held.length) + " bytes at 0x" +
+                           nxmem::detail::to_hex(held.address);
+                }));
+        }
+        return outcome;
+    }
+
+    result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
+        std::vector<handle> made;
+        made.reserve(length / chunk_);
+        for (std::uint64_t at = 0; at < length; at += chunk_) {
+            result<handle> created = create_chunk(chunk_);
+            if (!created) {
+                (void)release_handles(made);
+                return boost::outcome_v2::failure(created.error());
+            }
+            made.push_back(created.value());
+        }
+        const std::uint64_t prefix_id = next_prefix_id_.fetch_add(1, std::memory_order_relaxed);
+        try {
+            auto shared = std::make_shared<shared_chunks>(prefix_id, size, made);
+            std::lock_guard lock(prefixes_mutex_);
+            prefixes_.emplace(prefix_id, std::move(shared));
+        } catch (...) {
+            (void)release_handles(made);
+            throw;
+        }
+        shared_prefix_bytes_.fetch_add(size, std::memory_order_relaxed);
+        return prefix_id;
+    }
+
+    std::unique_ptr<device_context> device_;
+    const std::uint64_t chunk_;
+    posix::byte_budget budget_;
+    nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
+    std::mutex prefixes_mutex_;
+    std::unordered_map<std::uint64_t, std::shared_ptr<shared_chunks>> prefixes_;
+    std::atomic<std::uint64_t> next_prefix_id_{1};
+    std::mutex quarantine_mutex_;
+    std::vector<std::shared_ptr<reservation>> quarantine_;
+    std::atomic<std::uint64_t> live_allocations_{0};
+    std::atomic<std::uint64_t> reserved_bytes_{0};
+    std::atomic<std::uint64_t> mapped_bytes_{0};
+    std::atomic<std::uint64_t> shared_prefix_bytes_{0};
+    std::atomic<std::uint64_t> quarantined_bytes_{0};
+};
+
+} // namespace nxmem::cuda

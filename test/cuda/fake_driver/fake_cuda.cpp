@@ -1,0 +1,680 @@
+// A fake CUDA driver for the cuda plugin's tests, over host memory:
+//   device memory (cuMemAlloc)   anonymous read/write mmap
+//   address reservations         mmap(PROT_NONE), aligned
+//   physical allocations         memfds (cuMemCreate), so a chunk mapped at two addresses is
+//                                really the same memory
+//   cuMemMap / cuMemUnmap        mmap(MAP_SHARED|MAP_FIXED) of the memfd / PROT_NONE again
+//   cuMemSetAccess               mprotect(PROT_READ|PROT_WRITE)
+// It exports only what a driver exports and the plugin looks up by name (cuDriverGetVersion,
+// cuGetProcAddress_v2), plus the test controls of fake_cuda_control.h; every other entry point
+// is reachable through cuGetProcAddress alone, which answers VERSION_NOT_SUFFICIENT to a request
+// older than the signature it implements. It is as strict as the real driver where the plugin
+// could go wrong: sizes must be granularity multiples, unmaps must cover whole mappings, a
+// reservation must be empty to be freed, and memory calls need a current context.
+#include "fake_cuda_control.h"
+
+#include <cuda.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+struct CUctx_st {
+    int device;
+};
+
+namespace {
+
+struct physical {
+    int fd;
+    std::uint64_t size;
+    int device;
+    unsigned references; // 1 until cuMemRelease, plus one per mapping
+};
+
+struct mapping {
+    std::uint64_t size;
+    physical* backing;
+};
+
+struct reservation {
+    std::uint64_t size;
+    std::map<std::uint64_t, mapping> mappings; // by address
+};
+
+struct fault {
+    unsigned successes = 0;
+    unsigned failures = 0;
+    CUresult code = CUDA_SUCCESS;
+};
+
+constexpr int max_devices = 8;
+
+struct fake_state {
+    fake_cuda_config config{};
+    bool initialised = false;
+    CUctx_st contexts[max_devices]{};
+    unsigned retains[max_devices]{};
+    std::uint64_t used[max_devices]{};
+    std::map<std::uint64_t, std::uint64_t> device_allocations; // address -> size
+    std::map<std::uint64_t, reservation> reservations;         // base -> range
+    std::map<std::uint64_t, physical*> handles;                // handle value -> allocation
+    std::uint64_t mapping_count = 0;
+    std::uint64_t physical_count = 0;
+    std::uint64_t calls_without_context = 0;
+    std::uint64_t calls[FAKE_CUDA_CALL_KINDS]{};
+    fault faults[FAKE_CUDA_CALL_KINDS]{};
+};
+
+std::mutex state_mutex;
+thread_local std::vector<CUcontext> context_stack;
+
+std::uint64_t environment_number(const char* name, std::uint64_t fallback) {
+    const char* text = std::getenv(name);
+    return text != nullptr && *text != '\0' ? std::strtoull(text, nullptr, 0) : fallback;
+}
+
+fake_cuda_config environment_config() {
+    fake_cuda_config config{};
+    config.devices = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_DEVICES", 1));
+    config.driver_version = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_VERSION", 13000));
+    config.granularity = environment_number("NXMEM_FAKE_CUDA_GRANULARITY", 2u << 20);
+    config.device_memory = environment_number("NXMEM_FAKE_CUDA_MEMORY", 1u << 30);
+    config.vmm_supported = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_VMM", 1));
+    if (config.devices > max_devices) {
+        config.devices = max_devices;
+    }
+    return config;
+}
+
+fake_state& state() {
+    static fake_state* made = [] {
+        auto* fresh = new fake_state();
+        fresh->config = environment_config();
+        for (int i = 0; i < max_devices; ++i) {
+            fresh->contexts[i].device = i;
+        }
+        return fresh;
+    }();
+    return *made;
+}
+
+// CUDA_SUCCESS, or the injected failure due now. Counts successes.
+CUresult injected(fake_state& fake, fake_cuda_call call) {
+    fault& planned = fake.faults[call];
+    if (planned.failures > 0) {
+        if (planned.successes > 0) {
+            --planned.successes;
+        } else {
+            --planned.failures;
+            return planned.code;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+void succeeded(fake_state& fake, fake_cuda_call call) { ++fake.calls[call]; }
+
+bool has_context() { return !context_stack.empty(); }
+
+int current_device() { return has_context() ? context_stack.back()->device : 0; }
+
+void note_context(fake_state& fake) {
+    if (!has_context()) {
+        ++fake.calls_without_context;
+    }
+}
+
+bool valid_device(const fake_state& fake, int ordinal) {
+    return fake.initialised && ordinal >= 0 && ordinal < fake.config.devices;
+}
+
+bool valid_properties(const fake_state& fake, const CUmemAllocationProp* properties) {
+    return properties != nullptr && properties->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           properties->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+           valid_device(fake, properties->location.id);
+}
+
+// The reservation containing [address, address + size), or nullptr.
+reservation* reservation_of(fake_state& fake, std::uint64_t address, std::uint64_t size) {
+    auto it = fake.reservations.upper_bound(address);
+    if (it == fake.reservations.begin()) {
+        return nullptr;
+    }
+    --it;
+    if (address + size > it->first + it->second.size || address + size < address) {
+        return nullptr;
+    }
+    return &it->second;
+}
+
+void drop_reference(fake_state& fake, physical* backing) {
+    if (--backing->references == 0) {
+        ::close(backing->fd);
+        fake.used[backing->device] -= backing->size;
+        fake.handles.erase(reinterpret_cast<std::uint64_t>(backing));
+        delete backing;
+        --fake.physical_count;
+    }
+}
+
+void* map_aligned(std::uint64_t size, std::uint64_t alignment) {
+    const std::uint64_t total = size + alignment;
+    void* mapped = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapped == MAP_FAILED) {
+        return nullptr;
+    }
+    const auto start = reinterpret_cast<std::uint64_t>(mapped);
+    const std::uint64_t aligned = (start + alignment - 1) & ~(alignment - 1);
+    if (aligned > start) {
+        ::munmap(mapped, aligned - start);
+    }
+    if (start + total > aligned + size) {
+        ::munmap(reinterpret_cast<void*>(aligned + size), start + total - (aligned + size));
+    }
+    return reinterpret_cast<void*>(aligned);
+}
+
+// ---- the driver entry points ----
+
+CUresult fake_get_error_name(CUresult code, const char** text) {
+    switch (code) {
+    case CUDA_SUCCESS: *text = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *text = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_INITIALIZED: *text = "CUDA_ERROR_NOT_INITIALIZED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_DEVICE: *text = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_DEVICE: *text = "CUDA_ERROR_INVALID_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CONTEXT: *text = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_SUPPORTED: *text = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_UNKNOWN: *text = "CUDA_ERROR_UNKNOWN"; return CUDA_SUCCESS;
+    default: *text = nullptr; return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult fake_get_error_string(CUresult code, const char** text) {
+    switch (code) {
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; return CUDA_SUCCESS;
+    default: return fake_get_error_name(code, text);
+    }
+}
+
+CUresult fake_init(unsigned int flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (fake.config.devices <= 0) {
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    fake.initialised = true;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_device_get_count(int* count) {
+    std::lock_guard lock(state_mutex);
+    if (!state().initialised) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    *count = state().config.devices;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_device_get(CUdevice* device, int ordinal) {
+    std::lock_guard lock(state_mutex);
+    if (!valid_device(state(), ordinal)) {
+        return state().initialised ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+    std::lock_guard lock(state_mutex);
+    if (!valid_device(state(), device)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    *value = attribute == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+                 ? state().config.vmm_supported
+                 : 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_primary_ctx_retain(CUcontext* context, CUdevice device) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!valid_device(fake, device)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_PRIMARY_CTX_RETAIN); code != CUDA_SUCCESS) {
+        return code;
+    }
+    ++fake.retains[device];
+    *context = &fake.contexts[device];
+    succeeded(fake, FAKE_CUDA_PRIMARY_CTX_RETAIN);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_primary_ctx_release(CUdevice device) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!valid_device(fake, device)) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if (fake.retains[device] == 0) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    --fake.retains[device];
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_ctx_push_current(CUcontext context) {
+    if (context == nullptr) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    context_stack.push_back(context);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_ctx_pop_current(CUcontext* context) {
+    if (context_stack.empty()) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (context != nullptr) {
+        *context = context_stack.back();
+    }
+    context_stack.pop_back();
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_get_info(size_t* free_bytes, size_t* total_bytes) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    const int device = current_device();
+    *total_bytes = fake.config.device_memory;
+    *free_bytes = fake.config.device_memory - fake.used[device];
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_alloc(CUdeviceptr* address, size_t bytes) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (bytes == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int device = current_device();
+    if (bytes > fake.config.device_memory - fake.used[device]) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_ALLOC); code != CUDA_SUCCESS) {
+        return code;
+    }
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fake.used[device] += bytes;
+    *address = reinterpret_cast<CUdeviceptr>(mapped);
+    fake.device_allocations.emplace(*address, bytes);
+    succeeded(fake, FAKE_CUDA_MEM_ALLOC);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_free(CUdeviceptr address) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    auto found = fake.device_allocations.find(address);
+    if (found == fake.device_allocations.end()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_FREE); code != CUDA_SUCCESS) {
+        return code;
+    }
+    ::munmap(reinterpret_cast<void*>(address), found->second);
+    fake.used[current_device()] -= found->second;
+    fake.device_allocations.erase(found);
+    succeeded(fake, FAKE_CUDA_MEM_FREE);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_get_allocation_granularity(size_t* granularity, const CUmemAllocationProp* properties,
+                                             CUmemAllocationGranularity_flags) {
+    std::lock_guard lock(state_mutex);
+    if (!valid_properties(state(), properties)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *granularity = state().config.granularity;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_address_reserve(CUdeviceptr* address, size_t size, size_t alignment,
+                                  CUdeviceptr hint, unsigned long long flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    const std::uint64_t granularity = fake.config.granularity;
+    if (size == 0 || size % granularity != 0 || hint != 0 || flags != 0 ||
+        (alignment != 0 && (alignment & (alignment - 1)) != 0)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_ADDRESS_RESERVE); code != CUDA_SUCCESS) {
+        return code;
+    }
+    void* mapped = map_aligned(size, alignment > granularity ? alignment : granularity);
+    if (mapped == nullptr) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *address = reinterpret_cast<CUdeviceptr>(mapped);
+    fake.reservations.emplace(*address, reservation{size, {}});
+    succeeded(fake, FAKE_CUDA_MEM_ADDRESS_RESERVE);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_address_free(CUdeviceptr address, size_t size) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    auto found = fake.reservations.find(address);
+    if (found == fake.reservations.end() || found->second.size != size || !found->second.mappings.empty()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_ADDRESS_FREE); code != CUDA_SUCCESS) {
+        return code;
+    }
+    ::munmap(reinterpret_cast<void*>(address), size);
+    fake.reservations.erase(found);
+    succeeded(fake, FAKE_CUDA_MEM_ADDRESS_FREE);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
+                         const CUmemAllocationProp* properties, unsigned long long flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    if (!valid_properties(fake, properties) || size == 0 || size % fake.config.granularity != 0 ||
+        flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int device = properties->location.id;
+    if (size > fake.config.device_memory - fake.used[device]) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_CREATE); code != CUDA_SUCCESS) {
+        return code;
+    }
+    const int fd = ::memfd_create("fake-cuda-chunk", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    auto* made = new physical{fd, size, device, 1};
+    fake.used[device] += size;
+    ++fake.physical_count;
+    *handle = reinterpret_cast<std::uint64_t>(made);
+    fake.handles.emplace(*handle, made);
+    succeeded(fake, FAKE_CUDA_MEM_CREATE);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    auto found = fake.handles.find(handle);
+    if (found == fake.handles.end()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_RELEASE); code != CUDA_SUCCESS) {
+        return code;
+    }
+    // A released handle stays known while mapped; releasing it twice is caught by the count.
+    physical* backing = found->second;
+    fake.handles.erase(found);
+    drop_reference(fake, backing);
+    succeeded(fake, FAKE_CUDA_MEM_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_map(CUdeviceptr address, size_t size, size_t offset,
+                      CUmemGenericAllocationHandle handle, unsigned long long flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    auto found = fake.handles.find(handle);
+    reservation* range = reservation_of(fake, address, size);
+    if (found == fake.handles.end() || range == nullptr || flags != 0 || size == 0 ||
+        size % fake.config.granularity != 0 || offset % fake.config.granularity != 0 ||
+        offset + size > found->second->size) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // No overlap with an existing mapping.
+    auto next = range->mappings.lower_bound(address);
+    if ((next != range->mappings.end() && next->first < address + size) ||
+        (next != range->mappings.begin() && std::prev(next)->first + std::prev(next)->second.size > address)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_MAP); code != CUDA_SUCCESS) {
+        return code;
+    }
+    physical* backing = found->second;
+    if (::mmap(reinterpret_cast<void*>(address), size, PROT_NONE, MAP_SHARED | MAP_FIXED, backing->fd,
+               static_cast<off_t>(offset)) == MAP_FAILED) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ++backing->references;
+    range->mappings.emplace(address, mapping{size, backing});
+    ++fake.mapping_count;
+    succeeded(fake, FAKE_CUDA_MEM_MAP);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_unmap(CUdeviceptr address, size_t size) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    reservation* range = reservation_of(fake, address, size);
+    if (range == nullptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // The range must consist of whole mappings, back to back.
+    std::uint64_t cursor = address;
+    for (auto it = range->mappings.find(address); cursor < address + size; ++it) {
+        if (it == range->mappings.end() || it->first != cursor) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        cursor += it->second.size;
+    }
+    if (cursor != address + size) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_UNMAP); code != CUDA_SUCCESS) {
+        return code;
+    }
+    ::mmap(reinterpret_cast<void*>(address), size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    for (auto it = range->mappings.find(address); it != range->mappings.end() && it->first < address + size;) {
+        drop_reference(fake, it->second.backing);
+        it = range->mappings.erase(it);
+        --fake.mapping_count;
+    }
+    succeeded(fake, FAKE_CUDA_MEM_UNMAP);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_set_access(CUdeviceptr address, size_t size, const CUmemAccessDesc* access, size_t count) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    reservation* range = reservation_of(fake, address, size);
+    if (range == nullptr || access == nullptr || count != 1 ||
+        access->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(fake, access->location.id) ||
+        access->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // Every byte of the range must be mapped.
+    std::uint64_t cursor = address;
+    auto it = range->mappings.upper_bound(address);
+    if (it != range->mappings.begin()) {
+        --it;
+    }
+    for (; it != range->mappings.end() && cursor < address + size; ++it) {
+        if (it->first > cursor) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        cursor = std::max(cursor, it->first + it->second.size);
+    }
+    if (cursor < address + size) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_SET_ACCESS); code != CUDA_SUCCESS) {
+        return code;
+    }
+    ::mprotect(reinterpret_cast<void*>(address), size, PROT_READ | PROT_WRITE);
+    succeeded(fake, FAKE_CUDA_MEM_SET_ACCESS);
+    return CUDA_SUCCESS;
+}
+
+// The entry points, each with the CUDA version whose signature it implements.
+struct entry_point {
+    const char* symbol;
+    int version;
+    void* function;
+};
+
+template <class F> void* as_pointer(F* function) { return reinterpret_cast<void*>(function); }
+
+const entry_point entry_points[] = {
+    {"cuGetErrorName", 6000, as_pointer(&fake_get_error_name)},
+    {"cuGetErrorString", 6000, as_pointer(&fake_get_error_string)},
+    {"cuInit", 2000, as_pointer(&fake_init)},
+    {"cuDeviceGetCount", 2000, as_pointer(&fake_device_get_count)},
+    {"cuDeviceGet", 2000, as_pointer(&fake_device_get)},
+    {"cuDeviceGetAttribute", 2000, as_pointer(&fake_device_get_attribute)},
+    {"cuDevicePrimaryCtxRetain", 7000, as_pointer(&fake_primary_ctx_retain)},
+    {"cuDevicePrimaryCtxRelease", 11000, as_pointer(&fake_primary_ctx_release)},
+    {"cuCtxPushCurrent", 4000, as_pointer(&fake_ctx_push_current)},
+    {"cuCtxPopCurrent", 4000, as_pointer(&fake_ctx_pop_current)},
+    {"cuMemGetInfo", 3020, as_pointer(&fake_mem_get_info)},
+    {"cuMemAlloc", 3020, as_pointer(&fake_mem_alloc)},
+    {"cuMemFree", 3020, as_pointer(&fake_mem_free)},
+    {"cuMemGetAllocationGranularity", 10020, as_pointer(&fake_mem_get_allocation_granularity)},
+    {"cuMemAddressReserve", 10020, as_pointer(&fake_mem_address_reserve)},
+    {"cuMemAddressFree", 10020, as_pointer(&fake_mem_address_free)},
+    {"cuMemCreate", 10020, as_pointer(&fake_mem_create)},
+    {"cuMemRelease", 10020, as_pointer(&fake_mem_release)},
+    {"cuMemMap", 10020, as_pointer(&fake_mem_map)},
+    {"cuMemUnmap", 10020, as_pointer(&fake_mem_unmap)},
+    {"cuMemSetAccess", 10020, as_pointer(&fake_mem_set_access)},
+};
+
+} // namespace
+
+// ---- exported as a driver exports them ----
+
+FAKE_EXPORT CUresult cuDriverGetVersion(int* version) {
+    if (version == nullptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::lock_guard lock(state_mutex);
+    *version = state().config.driver_version;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** function, int cuda_version,
+                                         cuuint64_t, CUdriverProcAddressQueryResult* status) {
+    if (symbol == nullptr || function == nullptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *function = nullptr;
+    for (const entry_point& entry : entry_points) {
+        if (std::strcmp(entry.symbol, symbol) == 0) {
+            if (cuda_version < entry.version) {
+                if (status != nullptr) {
+                    *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+                }
+                return CUDA_ERROR_NOT_FOUND;
+            }
+            *function = entry.function;
+            if (status != nullptr) {
+                *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            }
+            return CUDA_SUCCESS;
+        }
+    }
+    if (status != nullptr) {
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+// ---- test controls ----
+
+FAKE_EXPORT void fake_cuda_configure(const fake_cuda_config* config) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    fake.config = config != nullptr ? *config : environment_config();
+    fake.initialised = false;
+    fake.calls_without_context = 0;
+    for (int call = 0; call < FAKE_CUDA_CALL_KINDS; ++call) {
+        fake.calls[call] = 0;
+        fake.faults[call] = fault{};
+    }
+}
+
+FAKE_EXPORT void fake_cuda_fail(fake_cuda_call call, unsigned successes, unsigned failures, int code) {
+    std::lock_guard lock(state_mutex);
+    if (call >= 0 && call < FAKE_CUDA_CALL_KINDS) {
+        state().faults[call] = fault{successes, failures, static_cast<CUresult>(code)};
+    }
+}
+
+FAKE_EXPORT void fake_cuda_get_counts(fake_cuda_counts* counts) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    fake_cuda_counts now{};
+    now.device_allocations = fake.device_allocations.size();
+    now.reservations = fake.reservations.size();
+    now.handles = fake.physical_count;
+    now.mappings = fake.mapping_count;
+    now.device_bytes = fake.used[0];
+    for (int device = 0; device < max_devices; ++device) {
+        now.primary_retains += fake.retains[device];
+    }
+    now.calls_without_context = fake.calls_without_context;
+    for (int call = 0; call < FAKE_CUDA_CALL_KINDS; ++call) {
+        now.calls[call] = fake.calls[call];
+    }
+    *counts = now;
+}
+
+FAKE_EXPORT unsigned fake_cuda_context_depth(void) {
+    return static_cast<unsigned>(context_stack.size());
+}
