@@ -31,7 +31,7 @@ public:
     static result<std::unique_ptr<device_context>> open(const char* mechanism, device_id device) {
         const std::string who = std::string(mechanism) + " on cuda:" + std::to_string(device.index);
         NXMEM_TRY(loaded, driver::load(who));
-        std::unique_ptr<device_context> opened(new device_context(std::move(loaded), device.index));
+        std::unique_ptr<device_context> opened(new device_context(std::move(loaded), device.index, who));
         const driver_api& api = opened->driver_->api();
         if (const CUresult code = api.init(0); code != CUDA_SUCCESS) {
             return fail(status_code::wrong_device,
@@ -60,6 +60,8 @@ public:
     const driver_api& api() const noexcept { return driver_->api(); }
     CUdevice device() const noexcept { return device_; }
     int ordinal() const noexcept { return ordinal_; }
+    // "cuda-vmm on cuda:0", how messages about this device begin.
+    const std::string& who() const noexcept { return who_; }
 
     template <class What> result<void> check(CUresult code, What&& what) const {
         return driver_->check(code, std::forward<What>(what));
@@ -78,23 +80,13 @@ public:
         return body();
     }
 
-    // The device's free and total memory, as cuMemGetInfo reports them.
-    result<std::pair<std::uint64_t, std::uint64_t>> memory_info() const {
-        return current([&]() -> result<std::pair<std::uint64_t, std::uint64_t>> {
-            std::size_t free_bytes = 0;
-            std::size_t total_bytes = 0;
-            NXMEM_TRY_VOID(check(api().mem_get_info(&free_bytes, &total_bytes),
-                                 [] { return "cuMemGetInfo"; }));
-            return std::pair<std::uint64_t, std::uint64_t>{free_bytes, total_bytes};
-        });
-    }
-
 private:
-    device_context(std::unique_ptr<driver> loaded, int ordinal)
-        : driver_(std::move(loaded)), ordinal_(ordinal) {}
+    device_context(std::unique_ptr<driver> loaded, int ordinal, std::string who)
+        : driver_(std::move(loaded)), ordinal_(ordinal), who_(std::move(who)) {}
 
     std::unique_ptr<driver> driver_;
     int ordinal_ = 0;
+    std::string who_;
     CUdevice device_ = 0;
     CUcontext context_ = nullptr;
     bool retained_ = false;

@@ -348,20 +348,19 @@ private:
         NXMEM_TRY_VOID(device.check(
             device.api().device_get_attribute(
                 &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device.device()),
-            [] { return std::string(name) + ": cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)"; }));
+            [&] { return device.who() + ": cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)"; }));
         if (supported == 0) {
             return fail(status_code::wrong_device,
-                        std::string(name) + ": CUDA device " + std::to_string(device.ordinal()) +
-                            " does not support virtual memory management");
+                        device.who() + ": the device does not support virtual memory management");
         }
         const CUmemAllocationProp properties = chunk_properties(device.ordinal());
         std::size_t granularity = 0;
         NXMEM_TRY_VOID(device.check(device.api().mem_get_allocation_granularity(
                                         &granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                                    [] { return std::string(name) + ": cuMemGetAllocationGranularity"; }));
+                                    [&] { return device.who() + ": cuMemGetAllocationGranularity"; }));
         if (granularity == 0 || (granularity & (granularity - 1)) != 0) {
             return fail(status_code::internal_error,
-                        std::string(name) + ": the driver reports an allocation granularity of " +
+                        device.who() + ": the driver reports an allocation granularity of " +
                             std::to_string(granularity) + " bytes, not a power of two");
         }
         return static_cast<std::uint64_t>(granularity);
