@@ -87,6 +87,24 @@ TEST_CASE("every posix mechanism passes every check (when NXMEM_POSIX_PLUGIN is 
     }
 }
 
+TEST_CASE("every cuda mechanism passes every check on the fake driver (when NXMEM_CUDA_PLUGIN "
+          "is set)",
+          "[conform][cuda]") {
+    const char* path = std::getenv("NXMEM_CUDA_PLUGIN");
+    if (path == nullptr || *path == '\0') {
+        WARN("NXMEM_CUDA_PLUGIN is not set: the cuda plugin is not checked");
+        return;
+    }
+    const std::string mechanism = GENERATE("cuda-eager", "cuda-vmm");
+    require_conforms(path, mechanism, device_id{NXMEM_DEVICE_CUDA, 0});
+    // The host cannot write device memory: that check does not apply, and says why.
+    const auto results = conform::run_checks({path, mechanism, device_id{NXMEM_DEVICE_CUDA, 0}},
+                                             {"allocation.writable"});
+    REQUIRE(results.size() == 1);
+    CHECK(results[0].skipped());
+    CHECK_THAT(results[0].actual, Catch::Contains("cannot be dereferenced by the host"));
+}
+
 TEST_CASE("each broken mechanism fails exactly the checks of the rule it breaks", "[conform]") {
     const std::string path = test::testplugin_path();
     struct expectation {

@@ -6,6 +6,7 @@
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/subject.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,12 +27,22 @@ std::optional<finding> unless_declared(host::plugin_allocator<D>& allocator, Nxm
     return std::nullopt;
 }
 
+// The range unit for a virtual backing: range_unit, or the mechanism's commit granularity when
+// that is coarser (a GPU's 2 MiB chunks). Hosts without the granularity (before minor 2) use
+// range_unit alone.
+template <class View> std::uint64_t range_unit_for(const View& backing) {
+    if constexpr (requires { backing.commit_granularity(); }) {
+        return std::max<std::uint64_t>(range_unit, backing.commit_granularity());
+    } else {
+        return range_unit;
+    }
+}
+
 } // namespace detail
 
 // capability.virtual_backing: commit and decommit by range, mapped bytes accounted exactly.
 struct check_capability_virtual_backing {
     template <Device D> static finding run(const subject& target, const suite_options&) {
-        constexpr std::uint64_t unit = detail::range_unit;
         NXMEM_CONFORM_TRY(opened, "the mechanism opens", session<D>::open(target));
         auto& allocator = opened.allocator();
         if (auto absent = detail::unless_declared(allocator, NXMEM_CAP_VIRTUAL_BACKING,
@@ -39,6 +50,7 @@ struct check_capability_virtual_backing {
             return *absent;
         }
         NXMEM_CONFORM_TRY(backing, "the virtual backing view", allocator.virtual_backing());
+        const std::uint64_t unit = detail::range_unit_for(backing);
         NXMEM_CONFORM_TRY(live, "a reserved allocation of 4 range units", allocator.allocate(4 * unit, unit));
         struct step {
             const char* what;
