@@ -118,6 +118,26 @@ public:
                     std::string(what()) + " failed: " + describe(code));
     }
 
+    // Asks the driver for `symbol` as CUDA `version` defined it (for entry points beyond
+    // driver_api, such as the copies the GPU tests use).
+    template <class Function>
+    result<void> entry(const std::string& who, const char* symbol, int version, Function& slot) {
+        void* found = nullptr;
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        const CUresult code =
+            get_proc_address_(symbol, &found, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        if (code != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || found == nullptr) {
+            return fail(status_code::version_mismatch,
+                        who + ": the CUDA driver " + path_ + " (version " +
+                            cuda_version_text(version_) + ") has no " + symbol + " for CUDA " +
+                            cuda_version_text(version) + " (cuGetProcAddress: CUresult " +
+                            std::to_string(static_cast<int>(code)) + ", symbol status " +
+                            std::to_string(static_cast<int>(status)) + ")");
+        }
+        slot = reinterpret_cast<Function>(found);
+        return boost::outcome_v2::success();
+    }
+
 private:
     driver(void* library, std::string path) : library_(library), path_(std::move(path)) {}
 
@@ -168,25 +188,6 @@ private:
         NXMEM_TRY_VOID(entry(who, "cuMemMap", 10020, api_.mem_map));
         NXMEM_TRY_VOID(entry(who, "cuMemUnmap", 10020, api_.mem_unmap));
         NXMEM_TRY_VOID(entry(who, "cuMemSetAccess", 10020, api_.mem_set_access));
-        return boost::outcome_v2::success();
-    }
-
-    // Asks the driver for `symbol` as CUDA `version` defined it.
-    template <class Function>
-    result<void> entry(const std::string& who, const char* symbol, int version, Function& slot) {
-        void* found = nullptr;
-        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        const CUresult code =
-            get_proc_address_(symbol, &found, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
-        if (code != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || found == nullptr) {
-            return fail(status_code::version_mismatch,
-                        who + ": the CUDA driver " + path_ + " (version " +
-                            cuda_version_text(version_) + ") has no " + symbol + " for CUDA " +
-                            cuda_version_text(version) + " (cuGetProcAddress: CUresult " +
-                            std::to_string(static_cast<int>(code)) + ", symbol status " +
-                            std::to_string(static_cast<int>(status)) + ")");
-        }
-        slot = reinterpret_cast<Function>(found);
         return boost::outcome_v2::success();
     }
 

@@ -562,6 +562,31 @@ CUresult fake_mem_set_access(CUdeviceptr address, size_t size, const CUmemAccess
     return CUDA_SUCCESS;
 }
 
+// Device memory is host memory here: copies are memcpy (the GPU test program's smoke run).
+CUresult fake_memcpy_htod(CUdeviceptr destination, const void* source, size_t bytes) {
+    {
+        std::lock_guard lock(state_mutex);
+        if (!has_context()) {
+            ++state().calls_without_context;
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+    }
+    std::memcpy(reinterpret_cast<void*>(destination), source, bytes);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_memcpy_dtoh(void* destination, CUdeviceptr source, size_t bytes) {
+    {
+        std::lock_guard lock(state_mutex);
+        if (!has_context()) {
+            ++state().calls_without_context;
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+    }
+    std::memcpy(destination, reinterpret_cast<const void*>(source), bytes);
+    return CUDA_SUCCESS;
+}
+
 // The entry points, each with the CUDA version whose signature it implements.
 struct entry_point {
     const char* symbol;
@@ -593,6 +618,8 @@ const entry_point entry_points[] = {
     {"cuMemMap", 10020, as_pointer(&fake_mem_map)},
     {"cuMemUnmap", 10020, as_pointer(&fake_mem_unmap)},
     {"cuMemSetAccess", 10020, as_pointer(&fake_mem_set_access)},
+    {"cuMemcpyHtoD", 3020, as_pointer(&fake_memcpy_htod)},
+    {"cuMemcpyDtoH", 3020, as_pointer(&fake_memcpy_dtoh)},
 };
 
 } // namespace
