@@ -10,14 +10,11 @@
 using namespace nxmem;
 using nxmem::test::chunk;
 using nxmem::test::fake_driver;
-using nxmem::test::load_or_fail;
 using nxmem::test::value_or_fail;
 
 TEST_CASE("a cuda-vmm commit past the budget asks the host, which may decommit to make room",
           "[cuda][vmm][budget]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         std::optional<host::virtual_backing_view<cuda_device>> backing;
         std::optional<allocation<cuda_device>> victim;
         std::vector<std::uint64_t> asked;
@@ -75,16 +72,12 @@ TEST_CASE("a cuda-vmm commit past the budget asks the host, which may decommit t
         REQUIRE(backing->commit(whole, {0, 8 * chunk})); // the budget is whole again
         REQUIRE(vmm.release(whole));
         backing.reset();
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a cuda-eager allocation past the budget asks the host and otherwise fails cleanly",
           "[cuda][eager][budget]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         std::optional<host::plugin_allocator<cuda_device>> eager;
         std::vector<allocation<cuda_device>> victims;
         int reclaims = 0;
@@ -114,7 +107,5 @@ TEST_CASE("a cuda-eager allocation past the budget asks the host and otherwise f
         REQUIRE(eager->release(held));
         REQUIRE(eager->release(fresh));
         eager.reset();
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }

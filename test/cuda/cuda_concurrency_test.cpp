@@ -14,7 +14,6 @@ using namespace nxmem;
 using nxmem::test::chunk;
 using nxmem::test::fake_driver;
 using nxmem::test::host_view;
-using nxmem::test::load_or_fail;
 using nxmem::test::open_or_fail;
 using nxmem::test::value_or_fail;
 
@@ -67,9 +66,7 @@ int work(allocators& use, int seed) {
 } // namespace
 
 TEST_CASE("threads share one cuda-vmm and one cuda-eager allocator", "[cuda][concurrency]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager");
         auto backing = value_or_fail(vmm.virtual_backing());
@@ -95,15 +92,11 @@ TEST_CASE("threads share one cuda-vmm and one cuda-eager allocator", "[cuda][con
         CHECK(value_or_fail(module->readiness()).plugin.allocations == 0);
         REQUIRE(mapping.release_prefix(prefix));
         CHECK(fake.counts().device_bytes == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("threads commit and decommit disjoint chunks of one allocation", "[cuda][concurrency]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&]([[maybe_unused]] fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         constexpr std::uint64_t chunks_per_worker = 3;
@@ -135,7 +128,5 @@ TEST_CASE("threads commit and decommit disjoint chunks of one allocation", "[cud
         }
         CHECK(value_or_fail(backing.mapped_bytes(live)) == worker_count * chunks_per_worker * chunk);
         CHECK(value_or_fail(vmm.release(live)).unmapped_bytes == worker_count * chunks_per_worker * chunk);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }

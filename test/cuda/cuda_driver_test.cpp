@@ -120,9 +120,7 @@ TEST_CASE("an allocator holds the primary context of its device from open to clo
           "[cuda][driver]") {
     fake_cuda_config two = fake_driver::defaults();
     two.devices = 2;
-    fake_driver fake(&two);
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin(&two, [&](fake_driver& fake, const test::module_ptr& module) {
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager", 1);
         CHECK(eager.device() == device_id{NXMEM_DEVICE_CUDA, 1});
         CHECK(fake.counts().primary_retains == 1);
@@ -136,9 +134,7 @@ TEST_CASE("an allocator holds the primary context of its device from open to clo
         // Every driver call ran with the context pushed, and popped again.
         CHECK(fake.context_depth() == 0);
         CHECK(fake.counts().calls_without_context == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("options that do not parse or that nobody knows are refused by name",

@@ -7,16 +7,14 @@
 
 using namespace nxmem;
 using nxmem::test::fake_driver;
-using nxmem::test::host_view;
 using nxmem::test::load_or_fail;
+using nxmem::test::host_view;
 using nxmem::test::open_or_fail;
 using nxmem::test::value_or_fail;
 
 TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at once",
           "[cuda][eager]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager");
         CHECK(eager.capabilities() == (NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM));
         std::vector<allocation<cuda_device>> live;
@@ -40,15 +38,11 @@ TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at
                   one.size + (one.alignment > 256 ? one.alignment - 256 : 0));
         }
         CHECK(fake.counts().device_bytes == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("cuda-eager reports the driver's failures and changes nothing", "[cuda][eager][faults]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager");
         SECTION("out of device memory") {
             auto refused = eager.allocate(2ull << 30, 256); // the fake device has 1 GiB
@@ -75,9 +69,7 @@ TEST_CASE("cuda-eager reports the driver's failures and changes nothing", "[cuda
         }
         CHECK(value_or_fail(module->readiness()).plugin.allocations == 0);
         CHECK(fake.counts().device_bytes == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("closing an allocator frees what the host left live", "[cuda][eager][vmm]") {

@@ -10,16 +10,13 @@ using namespace nxmem;
 using nxmem::test::chunk;
 using nxmem::test::fake_driver;
 using nxmem::test::host_view;
-using nxmem::test::load_or_fail;
 using nxmem::test::mib;
 using nxmem::test::open_or_fail;
 using nxmem::test::value_or_fail;
 
 TEST_CASE("a write through one allocation's prefix is read through another",
           "[cuda][shared-mapping]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         auto mapping = value_or_fail(vmm.shared_mapping());
@@ -79,16 +76,12 @@ TEST_CASE("a write through one allocation's prefix is read through another",
         REQUIRE(vmm.release(small));
         CHECK(value_or_fail(module->readiness()).plugin.shared_prefixes == 0);
         CHECK(fake.counts().handles == 0); // the last sharer's release freed the prefix
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("eight sequences sharing a 64 MiB prefix cost the device 64 MiB once",
           "[cuda][shared-mapping]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto mapping = value_or_fail(vmm.shared_mapping());
         constexpr std::uint64_t prefix_size = 64 * mib;
@@ -107,16 +100,12 @@ TEST_CASE("eight sequences sharing a 64 MiB prefix cost the device 64 MiB once",
             REQUIRE(vmm.release(sequence));
         }
         CHECK(fake.counts().device_bytes == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a prefix the driver cannot create or map leaves nothing behind",
           "[cuda][shared-mapping][faults]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         auto mapping = value_or_fail(vmm.shared_mapping());
@@ -148,7 +137,5 @@ TEST_CASE("a prefix the driver cannot create or map leaves nothing behind",
         CHECK(value_or_fail(backing.mapped_bytes(live)) == chunk);
         REQUIRE(mapping.release_prefix(prefix));
         REQUIRE(vmm.release(live));
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }

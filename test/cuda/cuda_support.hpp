@@ -15,7 +15,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <utility>
 
 namespace nxmem::test {
 
@@ -90,6 +92,25 @@ private:
     decltype(&fake_cuda_get_counts) counts_ = nullptr;
     decltype(&fake_cuda_context_depth) depth_ = nullptr;
 };
+
+using module_ptr = std::shared_ptr<host::plugin_module>;
+
+// Runs `body(fake, module)` on a fresh fake driver (`config`, or the environment's defaults) with
+// the plugin loaded. Afterwards the plugin must unload and be unmapped, and the fake must hold
+// nothing: no memory, no context retained or left current.
+template <class Body> void with_cuda_plugin(const fake_cuda_config* config, Body&& body) {
+    fake_driver fake(config);
+    {
+        module_ptr module = load_or_fail(cuda_plugin_path());
+        body(fake, module);
+        REQUIRE(module->try_unload());
+    }
+    CHECK_FALSE(is_mapped(cuda_plugin_path()));
+    fake.require_idle();
+}
+template <class Body> void with_cuda_plugin(Body&& body) {
+    with_cuda_plugin(nullptr, std::forward<Body>(body));
+}
 
 // Sets an environment variable for one scope, restoring the old value after.
 class scoped_environment {

@@ -10,7 +10,6 @@ using namespace nxmem;
 using nxmem::test::chunk;
 using nxmem::test::fake_driver;
 using nxmem::test::host_view;
-using nxmem::test::load_or_fail;
 using nxmem::test::open_or_fail;
 using nxmem::test::value_or_fail;
 
@@ -24,9 +23,7 @@ constexpr NxmemCapabilities usage_query = 0;
 
 TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what is mapped",
           "[cuda][vmm]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         CHECK(vmm.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE |
@@ -91,16 +88,12 @@ TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what i
         const release_report report = value_or_fail(vmm.release(live));
         CHECK(report.state == release_state::complete);
         CHECK(report.unmapped_bytes == 4 * chunk + chunk / 2);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a commit the driver fails undoes its own chunks and changes nothing else",
           "[cuda][vmm][faults]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         const auto live = value_or_fail(vmm.allocate(8 * chunk, chunk));
@@ -141,16 +134,12 @@ TEST_CASE("a commit the driver fails undoes its own chunks and changes nothing e
         REQUIRE(backing.commit(live, {0, 5 * chunk}));
         CHECK(value_or_fail(backing.mapped_bytes(live)) == 5 * chunk);
         REQUIRE(vmm.release(live));
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a reservation the driver refuses is OUT_OF_MEMORY or INTERNAL_ERROR, nothing recorded",
           "[cuda][vmm][faults]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         fake.fail(FAKE_CUDA_MEM_ADDRESS_RESERVE, 0, 1);
         auto refused = vmm.allocate(chunk, 1);
@@ -161,16 +150,12 @@ TEST_CASE("a reservation the driver refuses is OUT_OF_MEMORY or INTERNAL_ERROR, 
         auto absurd = vmm.allocate(UINT64_MAX - 5, 1);
         REQUIRE_FALSE(absurd);
         CHECK(absurd.error().code == status_code::out_of_memory);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a decommit the driver refuses keeps the chunk committed and says so",
           "[cuda][vmm][faults]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         const auto live = value_or_fail(vmm.allocate(4 * chunk, chunk));
@@ -185,16 +170,12 @@ TEST_CASE("a decommit the driver refuses keeps the chunk committed and says so",
         REQUIRE(backing.decommit(live, {0, 4 * chunk}));
         CHECK(value_or_fail(backing.mapped_bytes(live)) == 0);
         REQUIRE(vmm.release(live));
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
 
 TEST_CASE("a release the driver refuses in part is quarantined, and the residue freed at close",
           "[cuda][vmm][faults][release]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         const auto live = value_or_fail(vmm.allocate(4 * chunk, chunk));
@@ -217,16 +198,12 @@ TEST_CASE("a release the driver refuses in part is quarantined, and the residue 
             CHECK(kept.unmapped_bytes == 0);
             CHECK(kept.residual_owned_bytes == chunk); // the reserved range
         }
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle(); // the allocator gave the quarantined chunks back when it closed
+    }); // with_cuda_plugin finds the fake idle: the allocator gave the residue back at close
 }
 
 TEST_CASE("queued releases retire at the next drain, in order, crediting their bytes",
           "[cuda][vmm][release]") {
-    fake_driver fake;
-    auto module = load_or_fail(test::cuda_plugin_path());
-    {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         auto backing = value_or_fail(vmm.virtual_backing());
         std::vector<std::uint64_t> tickets;
@@ -245,7 +222,5 @@ TEST_CASE("queued releases retire at the next drain, in order, crediting their b
             CHECK(completions[i].report.unmapped_bytes == (i + 1) * chunk);
         }
         CHECK(fake.counts().device_bytes == 0);
-    }
-    REQUIRE(module->try_unload());
-    fake.require_idle();
+    });
 }
