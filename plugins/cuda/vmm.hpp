@@ -192,10 +192,7 @@ public:
             if (wanted == 0) {
                 return boost::outcome_v2::success(); // committed already: costs nothing more
             }
-            if (const std::uint64_t shortfall = budget_.try_charge(wanted); shortfall != 0) {
-                refused = {wanted, shortfall};
-                return fail(status_code::out_of_memory, "budget");
-            }
+            NXMEM_TRY_VOID(budget_.charge(wanted, refused));
             return device_->current([&] { return commit_gaps(*held, gaps, wanted); });
         });
     }
@@ -230,10 +227,7 @@ public:
         NXMEM_TRY(length, round_up(size, chunk_, name));
         return budget_.with_reclaim<std::uint64_t>(
             [&](posix::byte_budget::refusal& refused) -> result<std::uint64_t> {
-                if (const std::uint64_t shortfall = budget_.try_charge(length); shortfall != 0) {
-                    refused = {length, shortfall};
-                    return fail(status_code::out_of_memory, "budget");
-                }
+                NXMEM_TRY_VOID(budget_.charge(length, refused));
                 result<std::uint64_t> made = device_->current([&] { return make_prefix(size, length); });
                 if (!made) {
                     budget_.credit(length);
@@ -523,12 +517,18 @@ private:
     }
 
     // Unmaps and releases the committed chunks of `run`, one by one; a chunk the driver keeps
-    // mapped stays committed and the failure is reported.
+    // mapped stays committed and the failure is reported. A chunk unmapped but not released is
+    // no longer committed (nothing can reach it); that failure is reported too.
     result<void> decommit_run(reservation& held, const page_run& run) {
+        result<void> outcome = boost::outcome_v2::success();
         for (std::uint64_t chunk = run.first; chunk < run.second; ++chunk) {
             NXMEM_TRY_VOID(unmap_chunk(address_of(held, chunk)));
             auto found = held.chunks.find(chunk);
-            (void)device_->check(device_->api().mem_release(found->second), [] { return ""; });
+            if (result<void> released = device_->check(device_->api().mem_release(found->second),
+                                                       [] { return std::string(name) + ": cuMemRelease"; });
+                !released && outcome) {
+                outcome = std::move(released);
+            }
             held.chunks.erase(found);
             held.committed.erase(chunk, chunk + 1);
             const std::uint64_t bytes = bytes_of(held, {chunk, chunk + 1});
@@ -536,7 +536,7 @@ private:
             mapped_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
             budget_.credit(chunk_);
         }
-        return boost::outcome_v2::success();
+        return outcome;
     }
 
     // Maps every chunk of the prefix over the allocation's first chunks; all or nothing.

@@ -54,6 +54,16 @@ public:
         std::uint64_t shortfall = 0;
     };
 
+    // Charges `bytes`, or records the shortfall in `refused` and fails: the first step of an
+    // attempt run by with_reclaim.
+    result<void> charge(std::uint64_t bytes, refusal& refused) {
+        if (const std::uint64_t shortfall = try_charge(bytes); shortfall != 0) {
+            refused = {bytes, shortfall};
+            return fail(status_code::out_of_memory, "budget");
+        }
+        return boost::outcome_v2::success();
+    }
+
     // Runs `attempt(refusal&)` (returning result<R>). An attempt that finds the budget short
     // fills in the refusal, releases every lock it took and returns any failure; the host is then
     // asked to reclaim the shortfall and the attempt runs once more.

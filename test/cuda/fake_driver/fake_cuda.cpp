@@ -98,16 +98,17 @@ fake_cuda_config environment_config() {
     return config;
 }
 
+// Destroyed when the library is unloaded (the tests load and unload it many times).
 fake_state& state() {
-    static fake_state* made = [] {
-        auto* fresh = new fake_state();
-        fresh->config = environment_config();
+    static fake_state made = [] {
+        fake_state fresh;
+        fresh.config = environment_config();
         for (int i = 0; i < max_devices; ++i) {
-            fresh->contexts[i].device = i;
+            fresh.contexts[i].device = i;
         }
         return fresh;
     }();
-    return *made;
+    return made;
 }
 
 // CUDA_SUCCESS, or the injected failure due now. Counts successes.
