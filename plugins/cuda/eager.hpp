@@ -11,7 +11,9 @@
 #include "settings.hpp"
 
 #include <nxmem/plugin.hpp>
+#include <nxmem/usage.hpp>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +54,9 @@ public:
                     budget_.credit(cost);
                     return boost::outcome_v2::failure(address.error());
                 }
+                live_allocations_.fetch_add(1, std::memory_order_relaxed);
+                reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+                mapped_bytes_.fetch_add(cost, std::memory_order_relaxed);
                 return plugin::block{address.value(), size, cost};
             });
     }
@@ -72,7 +77,19 @@ public:
         }));
         forget_base(record);
         budget_.credit(cost);
+        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_sub(record.size, std::memory_order_relaxed);
+        mapped_bytes_.fetch_sub(cost, std::memory_order_relaxed);
         return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
+    }
+
+    // Usage query (minor 2), read from atomic totals.
+    result<allocator_usage> usage() const {
+        allocator_usage now{};
+        now.live_allocations = live_allocations_.load(std::memory_order_relaxed);
+        now.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
+        now.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
+        return now;
     }
 
 private:
@@ -134,6 +151,9 @@ private:
     posix::byte_budget budget_;
     std::mutex bases_mutex_; // guards bases_: only over-aligned allocations take it
     std::unordered_map<std::uint64_t, CUdeviceptr> bases_;
+    std::atomic<std::uint64_t> live_allocations_{0};
+    std::atomic<std::uint64_t> reserved_bytes_{0};
+    std::atomic<std::uint64_t> mapped_bytes_{0};
 };
 
 } // namespace nxmem::cuda

@@ -42,11 +42,7 @@
 
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
-
-#if __has_include(<nxmem/usage.hpp>)
 #include <nxmem/usage.hpp>
-#define NXMEM_CUDA_HAS_USAGE 1
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -291,11 +287,12 @@ public:
         // Its last mapping went with its last sharer: releasing the handles frees the memory.
         (void)device_->current([&] { return release_handles(gone->handles); });
         budget_.credit(gone->handles.size() * chunk_);
-        shared_prefix_bytes_.fetch_sub(gone->size, std::memory_order_relaxed);
+        shared_prefix_bytes_.fetch_sub(gone->handles.size() * chunk_, std::memory_order_relaxed);
     }
 
-#ifdef NXMEM_CUDA_HAS_USAGE
-    // ---- usage (minor 2) ----
+    // ---- usage query (minor 2) ----
+
+    // Read from atomic totals: no lock, no walk.
     result<allocator_usage> usage() const {
         allocator_usage now{};
         now.live_allocations = live_allocations_.load(std::memory_order_relaxed);
@@ -305,7 +302,6 @@ public:
         now.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         return now;
     }
-#endif
 
 private:
     using handle = CUmemGenericAllocationHandle;
@@ -625,7 +621,7 @@ private:
             (void)release_handles(made);
             throw;
         }
-        shared_prefix_bytes_.fetch_add(size, std::memory_order_relaxed);
+        shared_prefix_bytes_.fetch_add(length, std::memory_order_relaxed);
         return prefix_id;
     }
 

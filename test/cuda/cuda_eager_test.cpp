@@ -16,7 +16,8 @@ TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at
           "[cuda][eager]") {
     test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager");
-        CHECK(eager.capabilities() == (NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM));
+        CHECK(eager.capabilities() ==
+              (NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY));
         std::vector<allocation<cuda_device>> live;
         std::uint64_t expected_bytes = 0;
         for (std::uint64_t alignment : {1ull, 256ull, 4096ull, 65536ull}) {
@@ -31,6 +32,9 @@ TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at
         CHECK(fake.counts().device_allocations == live.size());
         CHECK(fake.counts().device_bytes == expected_bytes);
         CHECK(value_or_fail(module->readiness()).plugin.allocations == live.size());
+        const allocator_usage held = value_or_fail(eager.query_usage());
+        CHECK(held.live_allocations == live.size());
+        CHECK(held.mapped_bytes == expected_bytes);
         for (const auto& one : live) {
             const release_report report = value_or_fail(eager.release(one));
             CHECK(report.state == release_state::complete);
@@ -38,6 +42,7 @@ TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at
                   one.size + (one.alignment > 256 ? one.alignment - 256 : 0));
         }
         CHECK(fake.counts().device_bytes == 0);
+        CHECK(value_or_fail(eager.query_usage()) == allocator_usage{});
     });
 }
 

@@ -43,6 +43,9 @@ TEST_CASE("a write through one allocation's prefix is read through another",
         CHECK(fake.counts().handles == 4);  // the prefix's three and one private chunk
         CHECK(fake.counts().mappings == 7); // three per sharer and the private one
         CHECK(fake.counts().device_bytes == 4 * chunk);
+        const allocator_usage held = value_or_fail(vmm.query_usage());
+        CHECK(held.mapped_bytes == chunk);               // the private chunk only
+        CHECK(held.shared_prefix_bytes == 3 * chunk);    // the prefix once, whole chunks
 
         CHECK(host_view(second)[0] == 0);            // the prefix's memory, not the private chunk's
         CHECK(host_view(second, 3 * chunk)[0] == 0x77); // the private chunk it did not cover

@@ -13,22 +13,16 @@ using nxmem::test::host_view;
 using nxmem::test::open_or_fail;
 using nxmem::test::value_or_fail;
 
-namespace {
-#ifdef NXMEM_CAP_USAGE_QUERY
-constexpr NxmemCapabilities usage_query = NXMEM_CAP_USAGE_QUERY;
-#else
-constexpr NxmemCapabilities usage_query = 0;
-#endif
-} // namespace
-
 TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what is mapped",
           "[cuda][vmm]") {
     test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         CHECK(vmm.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE |
-                                     NXMEM_CAP_HOST_RECLAIM | usage_query));
+                                     NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY));
+        CHECK(vmm.declared_minor() == 2);
         auto backing = value_or_fail(vmm.virtual_backing());
+        CHECK(backing.commit_granularity() == chunk); // the device's allocation granularity
 
         // 7.5 chunks: reserved as 8 whole chunks, aligned to at least a chunk.
         const std::uint64_t size = 7 * chunk + chunk / 2;
@@ -85,9 +79,17 @@ TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what i
             CHECK(value_or_fail(backing.mapped_bytes(live)) == 4 * chunk + chunk / 2);
         }
 
+        const allocator_usage held = value_or_fail(vmm.query_usage());
+        CHECK(held.live_allocations == 1);
+        CHECK(held.reserved_bytes == size);
+        CHECK(held.mapped_bytes == 4 * chunk + chunk / 2);
+        CHECK(held.shared_prefix_bytes == 0);
+        CHECK(held.quarantined_bytes == 0);
+
         const release_report report = value_or_fail(vmm.release(live));
         CHECK(report.state == release_state::complete);
         CHECK(report.unmapped_bytes == 4 * chunk + chunk / 2);
+        CHECK(value_or_fail(vmm.query_usage()) == allocator_usage{});
     });
 }
 
@@ -186,6 +188,10 @@ TEST_CASE("a release the driver refuses in part is quarantined, and the residue 
         CHECK(report.unmapped_bytes == 2 * chunk);
         CHECK(report.residual_owned_bytes == chunk);
         CHECK(vmm.quarantined_bytes() == chunk);
+        const allocator_usage kept_usage = value_or_fail(vmm.query_usage());
+        CHECK(kept_usage.live_allocations == 0);
+        CHECK(kept_usage.mapped_bytes == 0);
+        CHECK(kept_usage.quarantined_bytes == chunk);
         CHECK(value_or_fail(module->readiness()).plugin.allocations == 0);
         CHECK(fake.counts().reservations == 1); // the range is kept, never reissued
         CHECK(fake.counts().mappings == 1);
@@ -213,6 +219,8 @@ TEST_CASE("queued releases retire at the next drain, in order, crediting their b
             tickets.push_back(value_or_fail(vmm.enqueue_release(live)));
         }
         CHECK(value_or_fail(module->readiness()).plugin.queued_releases == 3);
+        CHECK(value_or_fail(vmm.query_usage()).live_allocations == 3); // queued ones count
+        CHECK(value_or_fail(vmm.query_usage()).mapped_bytes == 6 * chunk);
         CHECK(fake.counts().device_bytes == 6 * chunk); // queued memory is still held
         const auto completions = value_or_fail(vmm.drain_releases());
         REQUIRE(completions.size() == 3);
