@@ -37,6 +37,7 @@
 #include "../posix/budget.hpp"
 #include "../posix/page_runs.hpp"
 #include "../posix/pages.hpp"
+#include "../posix/prefix_table.hpp"
 #include "device_context.hpp"
 #include "settings.hpp"
 
@@ -52,7 +53,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -234,30 +234,12 @@ public:
 
     result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,
                                                std::uint64_t prefix_id) {
-        std::shared_ptr<shared_chunks> shared;
-        {
-            std::lock_guard lock(prefixes_mutex_);
-            auto found = prefixes_.find(prefix_id);
-            if (found == prefixes_.end()) {
-                return fail(status_code::invalid_argument,
-                            std::string(name) + ": no live shared prefix " + std::to_string(prefix_id));
-            }
-            shared = found->second;
-        }
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
         NXMEM_TRY(held, find(record));
         std::lock_guard lock(held->mutex);
         NXMEM_TRY_VOID(check_live(*held));
-        if (held->prefix) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": the allocation at 0x" +
-                            nxmem::detail::to_hex(held->address) + " already maps shared prefix " +
-                            std::to_string(held->prefix->id) + "; one prefix per allocation");
-        }
-        if (shared->size > held->size) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": a prefix of " + std::to_string(shared->size) +
-                            " bytes does not fit an allocation of " + std::to_string(held->size));
-        }
+        NXMEM_TRY_VOID(posix::check_prefix_fits(name, held->address, held->size,
+                                                held->prefix ? held->prefix->id : 0, shared->size));
         const std::uint64_t count = shared->handles.size();
         NXMEM_TRY_VOID(device_->current([&]() -> result<void> {
             // The private chunks the prefix will cover go first.
@@ -274,15 +256,9 @@ public:
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {
-        std::shared_ptr<shared_chunks> gone;
-        {
-            std::lock_guard lock(prefixes_mutex_);
-            auto found = prefixes_.find(prefix_id);
-            if (found == prefixes_.end()) {
-                return;
-            }
-            gone = std::move(found->second);
-            prefixes_.erase(found);
+        const std::shared_ptr<shared_chunks> gone = prefixes_.take(prefix_id);
+        if (!gone) {
+            return;
         }
         // Its last mapping went with its last sharer: releasing the handles frees the memory.
         (void)device_->current([&] { return release_handles(gone->handles); });
@@ -612,11 +588,9 @@ private:
             }
             made.push_back(created.value());
         }
-        const std::uint64_t prefix_id = next_prefix_id_.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t prefix_id = prefixes_.next_id();
         try {
-            auto shared = std::make_shared<shared_chunks>(prefix_id, size, made);
-            std::lock_guard lock(prefixes_mutex_);
-            prefixes_.emplace(prefix_id, std::move(shared));
+            prefixes_.insert(prefix_id, std::make_shared<shared_chunks>(prefix_id, size, made));
         } catch (...) {
             (void)release_handles(made);
             throw;
@@ -629,9 +603,7 @@ private:
     const std::uint64_t chunk_;
     posix::byte_budget budget_;
     nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
-    std::mutex prefixes_mutex_;
-    std::unordered_map<std::uint64_t, std::shared_ptr<shared_chunks>> prefixes_;
-    std::atomic<std::uint64_t> next_prefix_id_{1};
+    posix::prefix_table<shared_chunks> prefixes_;
     std::mutex quarantine_mutex_;
     std::vector<std::shared_ptr<reservation>> quarantine_;
     std::atomic<std::uint64_t> live_allocations_{0};

@@ -40,10 +40,7 @@ public:
         NXMEM_TRY(cost, cost_of(size, alignment));
         return budget_.with_reclaim<plugin::block>(
             [&](byte_budget::refusal& refused) -> result<plugin::block> {
-                if (const std::uint64_t shortfall = budget_.try_charge(cost); shortfall != 0) {
-                    refused = {cost, shortfall};
-                    return fail(status_code::out_of_memory, "budget");
-                }
+                NXMEM_TRY_VOID(budget_.charge(cost, refused));
                 result<std::uint64_t> address =
                     is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment);
                 if (!address) {

@@ -28,6 +28,7 @@
 #include "budget.hpp"
 #include "page_runs.hpp"
 #include "pages.hpp"
+#include "prefix_table.hpp"
 #include "settings.hpp"
 
 #include <nxmem/plugin.hpp>
@@ -72,9 +73,7 @@ public:
                 unmap(held->address, held->length);
             }
         }
-        for (auto& [prefix_id, held] : prefixes_) {
-            ::close(held->fd);
-        }
+        prefixes_.for_each([](const prefix_file& held) { ::close(held.fd); });
     }
 
     static result<std::unique_ptr<lazy_mechanism>> open(plugin::open_context& context) {
@@ -167,10 +166,7 @@ public:
             if (wanted == 0) {
                 return boost::outcome_v2::success(); // committed already: costs nothing more
             }
-            if (const std::uint64_t shortfall = budget_.try_charge(wanted); shortfall != 0) {
-                refused = {wanted, shortfall};
-                return fail(status_code::out_of_memory, "budget");
-            }
+            NXMEM_TRY_VOID(budget_.charge(wanted, refused));
             return commit_gaps(*held, gaps, wanted);
         });
     }
@@ -227,10 +223,7 @@ public:
                 totals.mapped_bytes += held->committed_bytes;
             }
         }
-        std::lock_guard lock(prefixes_mutex_);
-        for (const auto& [prefix_id, held] : prefixes_) {
-            totals.shared_prefix_bytes += held->length;
-        }
+        prefixes_.for_each([&totals](const prefix_file& held) { totals.shared_prefix_bytes += held.length; });
         return totals;
     }
 
@@ -240,10 +233,7 @@ public:
         NXMEM_TRY(length, round_up(size, page_bytes(), name));
         return budget_.with_reclaim<std::uint64_t>(
             [&](byte_budget::refusal& refused) -> result<std::uint64_t> {
-                if (const std::uint64_t shortfall = budget_.try_charge(length); shortfall != 0) {
-                    refused = {length, shortfall};
-                    return fail(status_code::out_of_memory, "budget");
-                }
+                NXMEM_TRY_VOID(budget_.charge(length, refused));
                 result<std::uint64_t> made = make_prefix(size, length);
                 if (!made) {
                     budget_.credit(length);
@@ -254,30 +244,12 @@ public:
 
     result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,
                                                std::uint64_t prefix_id) {
-        std::shared_ptr<prefix_file> shared;
-        {
-            std::lock_guard lock(prefixes_mutex_);
-            auto found = prefixes_.find(prefix_id);
-            if (found == prefixes_.end()) {
-                return fail(status_code::invalid_argument,
-                            std::string(name) + ": no live shared prefix " + std::to_string(prefix_id));
-            }
-            shared = found->second;
-        }
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
         NXMEM_TRY(held, find(record));
         std::lock_guard lock(held->mutex);
         NXMEM_TRY_VOID(check_live(*held));
-        if (held->prefix) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": the allocation at 0x" +
-                            nxmem::detail::to_hex(held->address) + " already maps shared prefix " +
-                            std::to_string(held->prefix->id) + "; one prefix per allocation");
-        }
-        if (shared->size > held->size) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": a prefix of " + std::to_string(shared->size) +
-                            " bytes does not fit an allocation of " + std::to_string(held->size));
-        }
+        NXMEM_TRY_VOID(check_prefix_fits(name, held->address, held->size,
+                                         held->prefix ? held->prefix->id : 0, shared->size));
         void* mapped = ::mmap(reinterpret_cast<void*>(held->address),
                               static_cast<std::size_t>(shared->length), PROT_READ | PROT_WRITE,
                               MAP_SHARED | MAP_FIXED, shared->fd, 0);
@@ -305,15 +277,9 @@ public:
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {
-        std::shared_ptr<prefix_file> gone;
-        {
-            std::lock_guard lock(prefixes_mutex_);
-            auto found = prefixes_.find(prefix_id);
-            if (found == prefixes_.end()) {
-                return;
-            }
-            gone = std::move(found->second);
-            prefixes_.erase(found);
+        const std::shared_ptr<prefix_file> gone = prefixes_.take(prefix_id);
+        if (!gone) {
+            return;
         }
         ::close(gone->fd);
         budget_.credit(gone->length);
@@ -493,11 +459,9 @@ private:
                         std::string(name) + ": sizing a shared prefix to " +
                             std::to_string(length) + " bytes failed: " + errno_text(code));
         }
-        const std::uint64_t prefix_id = next_prefix_id_.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t prefix_id = prefixes_.next_id();
         try {
-            auto made = std::make_shared<prefix_file>(prefix_id, fd, size, length);
-            std::lock_guard lock(prefixes_mutex_);
-            prefixes_.emplace(prefix_id, std::move(made));
+            prefixes_.insert(prefix_id, std::make_shared<prefix_file>(prefix_id, fd, size, length));
         } catch (...) {
             ::close(fd);
             throw;
@@ -509,9 +473,7 @@ private:
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
     std::array<shard, 16> shards_;
-    std::mutex prefixes_mutex_;
-    std::unordered_map<std::uint64_t, std::shared_ptr<prefix_file>> prefixes_;
-    std::atomic<std::uint64_t> next_prefix_id_{1};
+    prefix_table<prefix_file> prefixes_;
 };
 
 } // namespace nxmem::posix
