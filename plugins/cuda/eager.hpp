@@ -46,19 +46,11 @@ public:
 
     result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(cost, cost_of(size, alignment));
-        return budget_.with_reclaim<plugin::block>(
-            [&](posix::byte_budget::refusal& refused) -> result<plugin::block> {
-                NXMEM_TRY_VOID(budget_.charge(cost, refused));
-                result<std::uint64_t> address = device_memory(cost, alignment);
-                if (!address) {
-                    budget_.credit(cost);
-                    return boost::outcome_v2::failure(address.error());
-                }
-                live_allocations_.fetch_add(1, std::memory_order_relaxed);
-                reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
-                mapped_bytes_.fetch_add(cost, std::memory_order_relaxed);
-                return plugin::block{address.value(), size, cost};
-            });
+        NXMEM_TRY(address, budget_.charged<std::uint64_t>(cost, [&] { return device_memory(cost, alignment); }));
+        live_allocations_.fetch_add(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+        mapped_bytes_.fetch_add(cost, std::memory_order_relaxed);
+        return plugin::block{address, size, cost};
     }
 
     result<void> deallocate(const plugin::allocation_record& record) {

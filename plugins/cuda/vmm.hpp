@@ -221,15 +221,9 @@ public:
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
         NXMEM_TRY(length, round_up(size, chunk_, name));
-        return budget_.with_reclaim<std::uint64_t>(
-            [&](posix::byte_budget::refusal& refused) -> result<std::uint64_t> {
-                NXMEM_TRY_VOID(budget_.charge(length, refused));
-                result<std::uint64_t> made = device_->current([&] { return make_prefix(size, length); });
-                if (!made) {
-                    budget_.credit(length);
-                }
-                return made;
-            });
+        return budget_.charged<std::uint64_t>(length, [&] {
+            return device_->current([&] { return make_prefix(size, length); });
+        });
     }
 
     result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,

@@ -64,6 +64,19 @@ public:
         return boost::outcome_v2::success();
     }
 
+    // Charges `bytes` (asking the host to reclaim when short, as with_reclaim) and runs `make()`
+    // (returning result<R>), giving the charge back when it fails.
+    template <class R, class Make> result<R> charged(std::uint64_t bytes, Make&& make) {
+        return with_reclaim<R>([&](refusal& refused) -> result<R> {
+            NXMEM_TRY_VOID(charge(bytes, refused));
+            result<R> made = make();
+            if (!made) {
+                credit(bytes);
+            }
+            return made;
+        });
+    }
+
     // Runs `attempt(refusal&)` (returning result<R>). An attempt that finds the budget short
     // fills in the refusal, releases every lock it took and returns any failure; the host is then
     // asked to reclaim the shortfall and the attempt runs once more.

@@ -231,15 +231,7 @@ public:
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
         NXMEM_TRY(length, round_up(size, page_bytes(), name));
-        return budget_.with_reclaim<std::uint64_t>(
-            [&](byte_budget::refusal& refused) -> result<std::uint64_t> {
-                NXMEM_TRY_VOID(budget_.charge(length, refused));
-                result<std::uint64_t> made = make_prefix(size, length);
-                if (!made) {
-                    budget_.credit(length);
-                }
-                return made;
-            });
+        return budget_.charged<std::uint64_t>(length, [&] { return make_prefix(size, length); });
     }
 
     result<prefix_commit> commit_shared_prefix(const plugin::allocation_record& record,
