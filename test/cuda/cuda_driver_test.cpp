@@ -58,6 +58,14 @@ TEST_CASE("without a driver the plugin loads, lists its mechanisms, refuses to o
     }
 }
 
+TEST_CASE("a library that is not a CUDA driver is refused by name", "[cuda][driver]") {
+    scoped_environment not_a_driver("NXMEM_CUDA_DRIVER", "libm.so.6");
+    for (const char* mechanism : {"cuda-eager", "cuda-vmm"}) {
+        require_refused(mechanism, 0, status_code::wrong_device,
+                        {"no CUDA driver", "libm.so.6 exports no cuDriverGetVersion"});
+    }
+}
+
 TEST_CASE("a cpu device is refused before the driver is touched", "[cuda][driver]") {
     fake_driver fake;
     auto module = load_or_fail(test::cuda_plugin_path());
