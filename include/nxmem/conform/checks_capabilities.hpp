@@ -27,15 +27,10 @@ std::optional<finding> unless_declared(host::plugin_allocator<D>& allocator, Nxm
     return std::nullopt;
 }
 
-// The range unit for a virtual backing: range_unit, or the mechanism's commit granularity when
-// that is coarser (a GPU's 2 MiB chunks). Hosts without the granularity (before minor 2) use
-// range_unit alone.
-template <class View> std::uint64_t range_unit_for(const View& backing) {
-    if constexpr (requires { backing.commit_granularity(); }) {
-        return std::max<std::uint64_t>(range_unit, backing.commit_granularity());
-    } else {
-        return range_unit;
-    }
+// The range unit for a virtual backing: range_unit, or the allocator's commit granularity when
+// that is coarser (a GPU's 2 MiB chunks; tables older than minor 2 state the page size).
+template <Device D> std::uint64_t range_unit_for(const host::virtual_backing_view<D>& backing) {
+    return std::max<std::uint64_t>(range_unit, backing.commit_granularity());
 }
 
 } // namespace detail
