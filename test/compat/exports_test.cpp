@@ -78,3 +78,14 @@ TEST_CASE("the partial-export fixtures export only what they define") {
                     {"NxmemNegotiate", "NxmemCreateAllocatorFactories"});
     require_exports(nxmem::test::plugin_path("NXMEM_NO_EXPORTS_PLUGIN"), {});
 }
+
+TEST_CASE("the compatibility fixtures export exactly the three entry points") {
+    std::istringstream paths(nxmem::test::plugin_path("NXMEM_COMPAT_PLUGINS"));
+    std::string path;
+    int count = 0;
+    while (std::getline(paths, path, ':')) {
+        require_exports(path, entry_points);
+        ++count;
+    }
+    CHECK(count > 0);
+}
