@@ -8,11 +8,12 @@
  *
  * With no C++ runtime in the process (checked before dlopen) it negotiates with its own range,
  * creates the factories, opens each named mechanism on CPU 0, reads every table only through a
- * bounded copy of struct_size bytes (docs/ABI.md, "How to read a table (C)"), allocates, writes,
- * commits and decommits where the table offers virtual backing, releases, releases the factories,
- * checks that NxmemQueryUnloadReadiness reports all zero, dlcloses the plugin, and requires that
- * it is no longer mapped: dlopen(PLUGIN, RTLD_NOLOAD) returns NULL. Exit status 0 when all holds,
- * 1 with the reason on stderr otherwise.
+ * bounded copy of struct_size bytes (docs/ABI.md, "How to read a table (C)"), allocates, queries
+ * usage where its minor and the table have it, writes, commits and decommits where the table
+ * offers virtual backing, releases, releases the factories, checks that NxmemQueryUnloadReadiness
+ * reports all zero, dlcloses the plugin, and requires that it is no longer mapped:
+ * dlopen(PLUGIN, RTLD_NOLOAD) returns NULL. Exit status 0 when all holds, 1 with the reason on
+ * stderr otherwise.
  */
 #define _GNU_SOURCE /* dl_iterate_phdr */
 #include <nxmem/nxmem_memory_abi.h>
@@ -243,6 +244,11 @@ static NxmemAllocatorVtable read_allocator(const void *untrusted, uint32_t negot
         fail("NXMEM_CAP_STRUCTURED_RELEASE and the release_allocation slot disagree");
     }
 #endif
+#if NXMEM_ABI_MINOR >= 2
+    if (((copy.capabilities & NXMEM_CAP_USAGE_QUERY) != 0) != (copy.query_usage != NULL)) {
+        fail("NXMEM_CAP_USAGE_QUERY and the query_usage slot disagree");
+    }
+#endif
     return copy;
 }
 
@@ -384,6 +390,20 @@ static void drive_mechanism(NxmemAllocatorFactoryVtable *factory_original,
              (unsigned long long)request.size, (unsigned long long)request.alignment);
     }
     const NxmemAllocation allocation = describe(&table, &request, &result);
+#if NXMEM_ABI_MINOR >= 2
+    if (table.query_usage != NULL) { /* read at minor 2 with NXMEM_CAP_USAGE_QUERY */
+        NxmemAllocatorUsage usage;
+        memset(&usage, 0, sizeof usage);
+        usage.struct_size = sizeof usage;
+        status = fresh_status();
+        expect_ok(table.query_usage(self, &usage, &status), &status, "query_usage");
+        if (usage.live_allocations != 1 || usage.reserved_bytes < request.size) {
+            fail("query_usage reports %llu live allocations of %llu bytes; one of %llu is live",
+                 (unsigned long long)usage.live_allocations,
+                 (unsigned long long)usage.reserved_bytes, (unsigned long long)request.size);
+        }
+    }
+#endif
     if (table.capabilities & NXMEM_CAP_VIRTUAL_BACKING) {
         exercise_virtual_backing(&table, self, negotiated, &allocation);
     } else {
