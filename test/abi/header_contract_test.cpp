@@ -488,7 +488,17 @@ std::vector<std::string> dump_layout(const std::vector<table_struct>& structs,
         if (s.since > through) {
             continue;
         }
-        lines.push_back(struct_line(s));
+        // The size the struct had at minor `through`: the end of its last field of that minor,
+        // rounded up to its alignment. Fields of newer minors grow sizeof, not the frozen size.
+        table_struct frozen = s;
+        frozen.size = 0;
+        for (const table_field& f : s.fields) {
+            if (f.since <= through) {
+                frozen.size = std::max(frozen.size, f.offset + f.size);
+            }
+        }
+        frozen.size = (frozen.size + s.align - 1) / s.align * s.align;
+        lines.push_back(struct_line(frozen));
         for (const table_field& f : s.fields) {
             if (f.since <= through) {
                 lines.push_back(field_line(s, f));

@@ -3,15 +3,19 @@
 # rewrites the baseline.
 #
 # Usage:
-#   abi_gate.sh check  BASELINE_DIR SCRATCH_DIR SUPPRESSIONS NAME=BINARY[:entry-points]...
-#   abi_gate.sh update BASELINE_DIR SCRATCH_DIR SUPPRESSIONS NAME=BINARY[:entry-points]...
+#   abi_gate.sh check  BASELINE_DIR SCRATCH_DIR SUPPRESSION_DIR NAME=BINARY[:entry-points]...
+#   abi_gate.sh update BASELINE_DIR SCRATCH_DIR SUPPRESSION_DIR NAME=BINARY[:entry-points]...
 #   abi_gate.sh skip   REASON
 # Each BINARY is read with abidw into SCRATCH_DIR/NAME.abi.xml; a binary marked :entry-points is
-# restricted, through SUPPRESSIONS, to the three plugin entry points. `check` runs abidiff of
+# restricted to the three plugin entry points (SUPPRESSION_DIR/entry_points.suppr, and
+# SUPPRESSION_DIR/drop_variables.suppr for abidw only). `check` runs abidiff of
 # BASELINE_DIR/NAME.abi.xml against it and fails on ANY non-zero abidiff status: an error (bit 1),
 # a usage error (bit 2), any ABI change (bit 4), an incompatible change (bit 8). Harmless changes
 # (an added enumerator, i.e. a new constant of the header) count too (--harmless), and so do added
 # functions (a new type of the header). `update` writes the files into BASELINE_DIR instead.
+# After a clean comparison, `check` also runs a negative control: the same abidiff, with the same
+# options, against a copy of the fresh XML in which NxmemAllocation is twice as large must fail;
+# otherwise an option or a suppression has made the gate blind, and that is a failure too.
 # `skip` prints why the gate cannot run in this build and exits 77 (a Meson skip).
 set -euo pipefail
 
@@ -23,11 +27,11 @@ if [[ "$mode" == skip ]]; then
   exit 77
 fi
 if [[ "$mode" != check && "$mode" != update ]] || (($# < 5)); then
-  echo "usage: abi_gate.sh check|update BASELINE_DIR SCRATCH_DIR SUPPRESSIONS NAME=BINARY[:entry-points]..." >&2
+  echo "usage: abi_gate.sh check|update BASELINE_DIR SCRATCH_DIR SUPPRESSION_DIR NAME=BINARY[:entry-points]..." >&2
   echo "       abi_gate.sh skip REASON" >&2
   exit 2
 fi
-baseline_dir=$2 scratch_dir=$3 suppressions=$4
+baseline_dir=$2 scratch_dir=$3 suppression_dir=$4
 shift 4
 
 for tool in abidw abidiff; do
@@ -49,10 +53,11 @@ failed=0
 for spec in "$@"; do
   name=${spec%%=*}
   binary=${spec#*=}
-  restrict=()
+  restrict=() drop_variables=()
   if [[ "$binary" == *:entry-points ]]; then
     binary=${binary%:entry-points}
-    restrict=(--suppressions "$suppressions")
+    restrict=(--suppressions "$suppression_dir/entry_points.suppr")
+    drop_variables=(--suppressions "$suppression_dir/drop_variables.suppr")
   fi
   fresh="$scratch_dir/$name.abi.xml"
   baseline="$baseline_dir/$name.abi.xml"
@@ -61,7 +66,7 @@ for spec in "$@"; do
     failed=1
     continue
   fi
-  abidw "${abidw_options[@]}" "${restrict[@]}" --out-file "$fresh" "$binary"
+  abidw "${abidw_options[@]}" "${restrict[@]}" "${drop_variables[@]}" --out-file "$fresh" "$binary"
   # Without debug info abidw still succeeds but records symbols only: refuse that loudly.
   if ! grep -q '<function-decl' "$fresh"; then
     echo "abi gate: $name: $binary has no DWARF debug info for its exports; it must be built with -g" >&2
@@ -84,7 +89,23 @@ for spec in "$@"; do
   abidiff "${abidiff_options[@]}" "${restrict[@]}" "$baseline" "$fresh" >"$scratch_dir/$name.abidiff.txt" 2>&1 ||
     status=$?
   if ((status == 0)); then
-    echo "abi gate: $name: same ABI as the baseline"
+    # The negative control: a struct every baseline reaches, grown, must be seen.
+    mutated="$scratch_dir/$name.negative-control.abi.xml"
+    sed -E "s/(<class-decl name='NxmemAllocation' size-in-bits=')([0-9]+)'/\\1999999'/" "$fresh" >"$mutated"
+    control=0
+    if cmp -s "$fresh" "$mutated"; then
+      echo "abi gate: $name: negative control impossible: $fresh defines no NxmemAllocation" >&2
+      failed=1
+      continue
+    fi
+    abidiff "${abidiff_options[@]}" "${restrict[@]}" "$baseline" "$mutated" >/dev/null 2>&1 || control=$?
+    if ((control & 4)); then
+      echo "abi gate: $name: same ABI as the baseline (and a grown NxmemAllocation is caught)"
+    else
+      echo "abi gate: $name: BLIND: abidiff exited $control for an XML whose NxmemAllocation grew;" \
+           "the options or suppressions of this script hide changes" >&2
+      failed=1
+    fi
     continue
   fi
   failed=1
