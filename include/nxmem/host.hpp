@@ -8,3 +8,4 @@
 #include <nxmem/host/module.hpp>
 #include <nxmem/host/open_allocator.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
+#include <nxmem/usage.hpp>

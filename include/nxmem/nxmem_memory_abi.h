@@ -1,5 +1,5 @@
 /*
- * nxmem_memory_abi.h: the nxmem memory plugin contract, ABI major 1, minors 0 and 1.
+ * nxmem_memory_abi.h: the nxmem memory plugin contract, ABI major 1, minors 0 to 2.
  *
  * This header is the whole contract between a host (an inference engine) and a memory plugin
  * (a shared object loaded at run time). It is C11, has no dependencies beyond <stdint.h> and
@@ -73,8 +73,10 @@ _Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets
 
 /* The major version is a hard gate: a host and a plugin of different majors never talk. */
 #define NXMEM_ABI_MAJOR 1u
-/* The minor this header describes. Minor 1 appends exactly one slot, release_allocation. */
-#define NXMEM_ABI_MINOR 1u
+/* The minor this header describes. Minor 1 appends one slot, release_allocation. Minor 2 appends the
+ * virtual-backing commit granularity, the usage query (slot query_usage, flag
+ * NXMEM_CAP_USAGE_QUERY) and its output record NxmemAllocatorUsage. */
+#define NXMEM_ABI_MINOR 2u
 /* The oldest minor of major 1. */
 #define NXMEM_ABI_MINOR_BASELINE 0u
 
@@ -118,22 +120,38 @@ typedef uint32_t NxmemDeviceType;
 
 /* Capability flags of an allocator table. Each optional capability is a flag paired with the
  * slots or table that implement it: a set flag with a NULL slot, or a non-NULL slot behind a clear
- * flag, is a contract violation and the table is refused. */
+ * flag, is a contract violation and the table is refused.
+ *
+ * Flags are versioned like slots: each belongs to the minor that added it (`since` below). A sender
+ * sets only flags defined at or below the negotiated minor. A reader that gets a table declaring a
+ * minor newer than the reader knows clears, in its copy, the bits it does not know (as it ignores
+ * slots it does not know); in a table declaring a minor the reader knows, a bit that no minor up to
+ * that one defines is a contract violation. */
 typedef uint64_t NxmemCapabilities;
-/* `virtual_backing` table: reserve on allocate, commit and decommit byte ranges later. */
+/* `virtual_backing` table: reserve on allocate, commit and decommit byte ranges later. since=0 */
 #define NXMEM_CAP_VIRTUAL_BACKING (1ull << 0)
-/* `shared_mapping` table: reference-counted shared prefixes mapped into many allocations. */
+/* `shared_mapping` table: reference-counted shared prefixes mapped into many allocations. since=0 */
 #define NXMEM_CAP_SHARED_MAPPING (1ull << 1)
-/* `enqueue_release` and `drain_releases` slots: releases that retire later, in order. */
+/* `enqueue_release` and `drain_releases` slots: releases that retire later, in order. since=0 */
 #define NXMEM_CAP_DEFERRED_RELEASE (1ull << 2)
-/* `release_allocation` slot (minor 1): a release that reports a structured outcome. */
+/* `release_allocation` slot: a release that reports a structured outcome. since=1 */
 #define NXMEM_CAP_STRUCTURED_RELEASE (1ull << 3)
-/* No slot: the mechanism may call the host's `request_reclaim` when it runs short. */
+/* No slot: the mechanism may call the host's `request_reclaim` when it runs short. since=0 */
 #define NXMEM_CAP_HOST_RECLAIM (1ull << 4)
-/* Every flag this header defines; any other bit set is a contract violation. */
-#define NXMEM_CAP_ALL_V1                                                                        \
+/* `query_usage` slot: the allocator reports what it holds (NxmemAllocatorUsage). since=2 */
+#define NXMEM_CAP_USAGE_QUERY (1ull << 5)
+
+/* The flags each minor defines, cumulatively. */
+#define NXMEM_CAP_ALL_V1_0                                                                      \
     (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING | NXMEM_CAP_DEFERRED_RELEASE |        \
-     NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM)
+     NXMEM_CAP_HOST_RECLAIM)
+#define NXMEM_CAP_ALL_V1_1 (NXMEM_CAP_ALL_V1_0 | NXMEM_CAP_STRUCTURED_RELEASE)
+#define NXMEM_CAP_ALL_V1_2 (NXMEM_CAP_ALL_V1_1 | NXMEM_CAP_USAGE_QUERY)
+/* Every flag this header defines (the newest minor's set). */
+#define NXMEM_CAP_ALL_V1 NXMEM_CAP_ALL_V1_2
+/* The flags defined at or below minor `minor`: what a sender may set at that negotiated minor. */
+#define NXMEM_CAPS_AT_MINOR(minor)                                                              \
+    ((minor) >= 2u ? NXMEM_CAP_ALL_V1_2 : (minor) == 1u ? NXMEM_CAP_ALL_V1_1 : NXMEM_CAP_ALL_V1_0)
 
 /* Release states of NxmemReleaseOutcome. Any other value is read as QUARANTINED: the only reading
  * that can corrupt neither memory nor accounting. */
@@ -286,6 +304,27 @@ typedef struct NxmemUnloadReport {
     uint64_t queued_releases;                   /* @field queued_releases offset=40 size=8 since=0 */
 } NxmemUnloadReport;
 
+/* Plugin → host, from `query_usage` (minor 2): what one allocator holds now, for an engine's memory
+ * governor. The plugin writes only within the struct_size the host set.
+ *   live_allocations     allocations not yet released, queued releases that have not retired
+ *                        included
+ *   reserved_bytes       usable bytes (NxmemAllocResult::size) of those allocations: address space
+ *   mapped_bytes         bytes of those allocations that cost memory now, shared prefixes excluded
+ *                        (an eager allocation counts its usable size)
+ *   shared_prefix_bytes  bytes of the live shared prefixes, each counted once however many
+ *                        allocations map it
+ *   quarantined_bytes    residual bytes the allocator keeps from quarantined releases */
+/* @layout NxmemAllocatorUsage size=48 align=8 since=2 */
+typedef struct NxmemAllocatorUsage {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=2 */
+    uint32_t reserved;                          /* @field reserved offset=4 size=4 since=2 */
+    uint64_t live_allocations;                  /* @field live_allocations offset=8 size=8 since=2 */
+    uint64_t reserved_bytes;                    /* @field reserved_bytes offset=16 size=8 since=2 */
+    uint64_t mapped_bytes;                      /* @field mapped_bytes offset=24 size=8 since=2 */
+    uint64_t shared_prefix_bytes;               /* @field shared_prefix_bytes offset=32 size=8 since=2 */
+    uint64_t quarantined_bytes;                 /* @field quarantined_bytes offset=40 size=8 since=2 */
+} NxmemAllocatorUsage;
+
 /* A shared prefix, named by the plugin. The host passes it back unchanged. */
 /* @layout NxmemSharedPrefixHandle size=48 align=8 since=0 */
 typedef struct NxmemSharedPrefixHandle {
@@ -423,11 +462,15 @@ typedef NxmemStatusCode (*NxmemMappedBytesFn)(NxmemAllocatorVtable *allocator,
                                               uint64_t *mapped_bytes, NxmemStatus *status);
 
 /* Owned by its allocator; valid until the allocator's last reference is released.
- * commit: makes `range` (page-aligned) of a reserved allocation usable. Committing a committed
- *         range is not an error and costs nothing more.
- * decommit: returns the pages of `range`. Decommitting an uncommitted range is not an error.
- * mapped_bytes: the bytes of `allocation` that are committed now. */
-/* @layout NxmemVirtualBackingVtable size=40 align=8 since=0 */
+ * commit: makes `range` of a reserved allocation usable. Committing a committed range is not an
+ *         error and costs nothing more.
+ * decommit: returns the memory of `range`. Decommitting an uncommitted range is not an error.
+ * mapped_bytes: the bytes of `allocation` that are committed now.
+ * commit_granularity (minor 2): the unit of commit and decommit in bytes, a power of two. A legal
+ *         range starts at a multiple of it and its length is a multiple of it, except that a range
+ *         ending exactly at the allocation's end may end unaligned. Before minor 2 the unit is the
+ *         host's page size. */
+/* @layout NxmemVirtualBackingVtable size=48 align=8 since=0 */
 struct NxmemVirtualBackingVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
     uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=0 */
@@ -436,6 +479,8 @@ struct NxmemVirtualBackingVtable {
     NxmemCommitFn commit;                       /* @field commit offset=16 size=8 since=0 */
     NxmemDecommitFn decommit;                   /* @field decommit offset=24 size=8 since=0 */
     NxmemMappedBytesFn mapped_bytes;            /* @field mapped_bytes offset=32 size=8 since=0 */
+    /* ---- minor 2 ---- */
+    uint64_t commit_granularity;                /* @field commit_granularity offset=40 size=8 since=2 */
 };
 
 /* Shared mapping slots. */
@@ -489,6 +534,8 @@ typedef NxmemStatusCode (*NxmemReleaseAllocationFn)(NxmemAllocatorVtable *self,
                                                     const NxmemAllocation *allocation,
                                                     NxmemReleaseOutcome *outcome,
                                                     NxmemStatus *status);
+typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAllocatorUsage *usage,
+                                             NxmemStatus *status);
 
 /* An open allocator for one device. Created by a factory's open_allocator holding one reference;
  * the host releases it with `release` (and each `retain` with one more `release`). The plugin
@@ -500,12 +547,14 @@ typedef NxmemStatusCode (*NxmemReleaseAllocationFn)(NxmemAllocatorVtable *self,
  *   shared_mapping                      NXMEM_CAP_SHARED_MAPPING
  *   enqueue_release, drain_releases     NXMEM_CAP_DEFERRED_RELEASE
  *   release_allocation (minor 1)        NXMEM_CAP_STRUCTURED_RELEASE
+ *   query_usage (minor 2)               NXMEM_CAP_USAGE_QUERY
  *
  * enqueue_release: hands the allocation over; it retires later. `ticket` is the host's.
  * drain_releases: retires what can be retired, calling the host's release_completed once per
  *         ticket in enqueue order, with no plugin lock held; `*retired` receives the count.
- * release_allocation: releases and reports an NxmemReleaseOutcome. On FAILED nothing changed. */
-/* @layout NxmemAllocatorVtable size=120 align=8 since=0 */
+ * release_allocation: releases and reports an NxmemReleaseOutcome. On FAILED nothing changed.
+ * query_usage: writes what the allocator holds now into `usage` (see NxmemAllocatorUsage). */
+/* @layout NxmemAllocatorVtable size=128 align=8 since=0 */
 struct NxmemAllocatorVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
     uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=0 */
@@ -524,6 +573,8 @@ struct NxmemAllocatorVtable {
     NxmemDrainReleasesFn drain_releases;        /* @field drain_releases offset=104 size=8 since=0 */
     /* ---- minor 1 ---- */
     NxmemReleaseAllocationFn release_allocation; /* @field release_allocation offset=112 size=8 since=1 */
+    /* ---- minor 2 ---- */
+    NxmemQueryUsageFn query_usage;              /* @field query_usage offset=120 size=8 since=2 */
 };
 
 /* Factory slots. */

@@ -6,3 +6,4 @@
 #include <nxmem/plugin/exports.hpp>
 #include <nxmem/plugin/guard.hpp>
 #include <nxmem/plugin/mechanism.hpp>
+#include <nxmem/usage.hpp>

@@ -50,6 +50,8 @@ public:
                     budget_.credit(cost);
                     return boost::outcome_v2::failure(address.error());
                 }
+                live_allocations_.fetch_add(1, std::memory_order_relaxed);
+                live_bytes_.fetch_add(cost, std::memory_order_relaxed);
                 return plugin::block{address.value(), cost, cost};
             });
     }
@@ -70,7 +72,15 @@ public:
                         std::string(name) + ": munmap failed: " + errno_text(code));
         }
         budget_.credit(cost);
+        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+        live_bytes_.fetch_sub(cost, std::memory_order_relaxed);
         return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
+    }
+
+    // Everything eager is mapped from the start.
+    result<allocator_usage> usage() const {
+        const std::uint64_t bytes = live_bytes_.load(std::memory_order_relaxed);
+        return allocator_usage{live_allocations_.load(std::memory_order_relaxed), bytes, bytes, 0, 0};
     }
 
 private:
@@ -126,6 +136,9 @@ private:
     settings settings_;
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
+    // Per allocator, not per module: no cache line shared by every allocator's threads.
+    std::atomic<std::uint64_t> live_allocations_{0};
+    std::atomic<std::uint64_t> live_bytes_{0};
 };
 
 } // namespace nxmem::posix

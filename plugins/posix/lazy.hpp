@@ -144,6 +144,11 @@ public:
 
     // ---- virtual backing ----
 
+    // Whole pages; with huge pages, whole huge pages, so a commit never splits one.
+    std::uint64_t commit_granularity() const noexcept {
+        return settings_.huge_pages ? huge_page_bytes : page_bytes();
+    }
+
     result<void> commit(const plugin::allocation_record& record, byte_range range) {
         NXMEM_TRY(pages, pages_of(record, range));
         NXMEM_TRY(held, find(record));
@@ -206,6 +211,27 @@ public:
         std::lock_guard lock(held->mutex);
         NXMEM_TRY_VOID(check_live(*held));
         return held->committed_bytes;
+    }
+
+    // ---- usage query ----
+
+    // Walks the reservations shard by shard: a snapshot for a governor, not a hot path.
+    result<allocator_usage> usage() {
+        allocator_usage totals;
+        for (shard& owner : shards_) {
+            std::lock_guard shard_lock(owner.mutex);
+            for (const auto& [address, held] : owner.reservations) {
+                std::lock_guard lock(held->mutex);
+                ++totals.live_allocations;
+                totals.reserved_bytes += held->size;
+                totals.mapped_bytes += held->committed_bytes;
+            }
+        }
+        std::lock_guard lock(prefixes_mutex_);
+        for (const auto& [prefix_id, held] : prefixes_) {
+            totals.shared_prefix_bytes += held->length;
+        }
+        return totals;
     }
 
     // ---- shared mapping ----

@@ -14,19 +14,15 @@
 #include <cstring>
 #include <string>
 
+#include <nxmem/detail/page_size.hpp>
+
 namespace nxmem::posix {
 
 // MADV_POPULATE_WRITE (Linux 5.14); spelled out so the plugin builds against older headers.
 inline constexpr int madv_populate_write = 23;
 inline constexpr std::uint64_t huge_page_bytes = 2ull << 20;
 
-inline std::uint64_t page_bytes() noexcept {
-    static const std::uint64_t bytes = [] {
-        const long queried = ::sysconf(_SC_PAGESIZE);
-        return queried > 0 ? static_cast<std::uint64_t>(queried) : std::uint64_t{4096};
-    }();
-    return bytes;
-}
+inline std::uint64_t page_bytes() noexcept { return nxmem::detail::system_page_bytes(); }
 
 inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
 

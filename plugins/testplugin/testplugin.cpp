@@ -20,6 +20,7 @@
 
 namespace {
 
+using nxmem::allocator_usage;
 using nxmem::byte_range;
 using nxmem::fail;
 using nxmem::prefix_commit;
@@ -97,7 +98,7 @@ struct lazy_mechanism {
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(address, take_host_memory(size, alignment));
         std::lock_guard lock(mutex_);
-        live_[address] = state{std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
+        live_[address] = state{size, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
         return block{address, size, 0};
     }
     result<void> deallocate(const allocation_record& record) {
@@ -116,6 +117,7 @@ struct lazy_mechanism {
     }
 
     // Ranges are page-granular: the offset is page-aligned, the length a page multiple or the rest.
+    std::uint64_t commit_granularity() const noexcept { return page_bytes; }
     result<void> commit(const allocation_record& record, byte_range range) {
         return set_pages(record, range, true);
     }
@@ -124,7 +126,7 @@ struct lazy_mechanism {
     }
     result<std::uint64_t> mapped_bytes(const allocation_record& record) {
         std::lock_guard lock(mutex_);
-        return committed_bytes(record, live_.at(record.address));
+        return committed_bytes(live_.at(record.address));
     }
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
@@ -147,8 +149,23 @@ struct lazy_mechanism {
         prefixes_.erase(prefix_id);
     }
 
+    result<allocator_usage> usage() {
+        std::lock_guard lock(mutex_);
+        allocator_usage totals;
+        for (const auto& [address, live] : live_) {
+            ++totals.live_allocations;
+            totals.reserved_bytes += live.size;
+            totals.mapped_bytes += committed_bytes(live);
+        }
+        for (const auto& [prefix_id, shared] : prefixes_) {
+            totals.shared_prefix_bytes += shared.size;
+        }
+        return totals;
+    }
+
 private:
     struct state {
+        std::uint64_t size;
         std::vector<bool> pages;
         std::vector<std::uint64_t> prefixes;
     };
@@ -157,11 +174,11 @@ private:
         std::uint64_t sharers;
     };
 
-    static std::uint64_t committed_bytes(const allocation_record& record, const state& live) {
+    static std::uint64_t committed_bytes(const state& live) {
         std::uint64_t bytes = 0;
         for (std::size_t page = 0; page < live.pages.size(); ++page) {
             if (live.pages[page]) {
-                bytes += std::min(page_bytes, record.size - page * page_bytes);
+                bytes += std::min(page_bytes, live.size - page * page_bytes);
             }
         }
         return bytes;
@@ -187,7 +204,7 @@ private:
     std::uint64_t unmap_all(const allocation_record& record) {
         std::lock_guard lock(mutex_);
         auto found = live_.find(record.address);
-        const std::uint64_t bytes = committed_bytes(record, found->second);
+        const std::uint64_t bytes = committed_bytes(found->second);
         for (std::uint64_t prefix_id : found->second.prefixes) {
             --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
         }
@@ -579,13 +596,57 @@ private:
     std::set<std::uint64_t> failed_once_;
 };
 
+// A working mechanism with structured release whose open ignores the negotiated minor: it builds its
+// table as if the host spoke this header's newest minor, so a host that negotiated minor 0 sees
+// NXMEM_CAP_STRUCTURED_RELEASE, a flag minor 0 does not define. Breaks "a sender sets only flags
+// at or below the negotiated minor" (conformance check tables.flags_within_minor). The current
+// host clears the flag and works on; a minor-0 host written in C would refuse the table.
+struct unmasked_flags_allocation : eager_mechanism {
+    static constexpr const char* name = "unmasked-flags";
+    static constexpr std::uint64_t mechanism_id = 15;
+
+    static result<std::unique_ptr<unmasked_flags_allocation>> open(open_context&) {
+        return std::make_unique<unmasked_flags_allocation>();
+    }
+    result<release_outcome> release_allocation(const allocation_record& record) {
+        give_back_host_memory(record);
+        return release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
+    }
+};
+
+struct unmasked_flags_mechanism {
+    static constexpr const char* name = unmasked_flags_allocation::name;
+    static constexpr std::uint64_t mechanism_id = unmasked_flags_allocation::mechanism_id;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 1;
+
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            if (request == nullptr || out == nullptr) {
+                return fail(status_code::invalid_argument, "open request or output is NULL");
+            }
+            // The fault: pretend the newest minor was agreed while the kit builds the table (test
+            // plugin only; a concurrent open in this module would see the pretence too).
+            std::atomic<std::uint32_t>& agreed = nxmem::plugin::this_module().negotiated_minor;
+            const std::uint32_t negotiated = agreed.exchange(NXMEM_ABI_MINOR);
+            result<NxmemAllocatorVtable*> opened =
+                nxmem::plugin::allocator_object<unmasked_flags_allocation>::open(*request);
+            agreed.store(negotiated);
+            NXMEM_TRY(table, std::move(opened));
+            *out = table;
+            return boost::outcome_v2::success();
+        });
+    }
+};
+
 } // namespace
 
 NXMEM_EXPORT_PLUGIN(eager_mechanism, legacy_1_0_mechanism, lazy_mechanism, callback_probe_mechanism,
                     quarantining_mechanism, future_state_mechanism, sticky_mechanism,
                     throwing_mechanism, short_struct_mechanism, overclaiming_mechanism,
                     no_misuse_check_mechanism, lying_capabilities_mechanism, segfaulting_mechanism,
-                    failing_release_mechanism);
+                    failing_release_mechanism, unmasked_flags_mechanism);
 
 // Test-only exports: counters read out of the loaded module itself. A test that read its own
 // statically linked copy of these would observe a different variable and prove nothing.

@@ -245,12 +245,21 @@ template <class T> void check_level_matrix(const T& full_source) {
 } // namespace
 
 TEST_CASE("the layout facts the read_prefix tests rely on hold", "[read_prefix]") {
-    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 120);
+    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 128);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(0) == 112);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(1) == 120);
-    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 120);
-    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 1);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(2) == 128);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 128);
+    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 2);
     STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, release_allocation) == 112);
+    STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, query_usage) == 120);
+    STATIC_REQUIRE(sizeof(NxmemVirtualBackingVtable) == 48);
+    STATIC_REQUIRE(bytes_required<NxmemVirtualBackingVtable>(1) == 40);
+    STATIC_REQUIRE(bytes_required<NxmemVirtualBackingVtable>(2) == 48);
+    STATIC_REQUIRE(offsetof(NxmemVirtualBackingVtable, commit_granularity) == 40);
+    STATIC_REQUIRE(sizeof(NxmemAllocatorUsage) == 48);
+    STATIC_REQUIRE(nxmem::abi::introduced_minor<NxmemAllocatorUsage>() == 2);
+    STATIC_REQUIRE(nxmem::abi::baseline_bytes<NxmemAllocatorUsage>() == 48);
     STATIC_REQUIRE(alignof(NxmemAllocatorVtable) == 8);
     STATIC_REQUIRE(sizeof(NxmemAllocatorFactoryVtable) == 56);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorFactoryVtable>(0) == 56);
@@ -375,22 +384,22 @@ TEST_CASE("release_allocation is cleared at level 0 and kept at level 1", "[read
 TEST_CASE("a minor newer than this header is accepted and clamped when its size covers what is known",
           "[read_prefix][level]") {
     for (const std::uint32_t declared : {NXMEM_ABI_MINOR + 1, 7u, u32_max}) {
-        for (const std::uint32_t struct_size : {120u, 121u, 128u, 256u, 4096u}) {
+        for (const std::uint32_t struct_size : {128u, 129u, 136u, 256u, 4096u}) {
             CAPTURE(declared, struct_size);
             byte_buffer buffer(struct_size, 0xCD); // a newer plugin's unknown trailing slots
             place(buffer.data(), buffer.size(), full_allocator(declared), struct_size);
             const auto copy = read_prefix<NxmemAllocatorVtable>(buffer.data(), NXMEM_ABI_MINOR);
             REQUIRE(copy.has_value());
             CHECK(copy.value().declared_minor == declared);
-            CHECK(copy.value().effective_minor == 1);
-            CHECK(copy.value().table.abi_minor == 1);
+            CHECK(copy.value().effective_minor == NXMEM_ABI_MINOR);
+            CHECK(copy.value().table.abi_minor == NXMEM_ABI_MINOR);
             CHECK(copy.value().table.struct_size == struct_size);
             CHECK(copy.value().table.release_allocation == &stub_release_allocation);
         }
         // A newer minor is a strict superset: it cannot be shorter than the newest known level.
         CAPTURE(declared);
         NxmemAllocatorVtable short_source = full_allocator(declared);
-        short_source.struct_size = 112;
+        short_source.struct_size = 120; // covers minor 1, not minor 2
         const auto refused = read_prefix<NxmemAllocatorVtable>(&short_source, NXMEM_ABI_MINOR);
         REQUIRE(refused.has_error());
         CHECK(refused.error().code == status_code::contract_violation);
@@ -525,6 +534,7 @@ const NxmemAllocatorVtable read_only_allocator = {
     .enqueue_release = nullptr,
     .drain_releases = nullptr,
     .release_allocation = stub_release_allocation,
+    .query_usage = nullptr,
 };
 } // namespace
 

@@ -78,19 +78,20 @@ TEST_CASE("a mechanism declares the level of the slots it fills", "[tables]") {
     auto module = load_or_fail(test::testplugin_path());
     {
         auto lazy = open_or_fail<cpu_device>(module, "lazy");
-        CHECK(lazy.declared_minor() == 1);
-        CHECK(lazy.effective_minor() == 1);
+        CHECK(lazy.declared_minor() == 2);
+        CHECK(lazy.effective_minor() == 2);
         CHECK(lazy.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
-                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE));
+                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE |
+                                      NXMEM_CAP_USAGE_QUERY));
         auto probe = open_or_fail<cpu_device>(module, "callback-probe");
         CHECK(probe.capabilities() == NXMEM_CAP_HOST_RECLAIM);
     }
     REQUIRE(module->try_unload());
 }
 
-TEST_CASE("a minor 0 mechanism works under a minor 1 host", "[versions]") {
+TEST_CASE("a minor 0 mechanism works under a minor 2 host", "[versions]") {
     auto module = load_or_fail(test::testplugin_path());
-    REQUIRE(module->version().minor == 1);
+    REQUIRE(module->version().minor == 2);
     {
         auto legacy = open_or_fail<cpu_device>(module, "legacy-1-0");
         CHECK(legacy.declared_minor() == 0);
@@ -117,13 +118,70 @@ TEST_CASE("an older host range still drives the current plugin", "[versions]") {
     REQUIRE(module->version().minor == 0);
     {
         auto lazy = open_or_fail<cpu_device>(module, "lazy");
-        CHECK(lazy.declared_minor() == 1);   // the plugin is newer...
-        CHECK(lazy.effective_minor() == 0);  // ...and clamped to what the host speaks
+        // The kit sends nothing above the negotiated minor: not the level, not a slot, not a flag.
+        CHECK(lazy.declared_minor() == 0);
+        CHECK(lazy.effective_minor() == 0);
         CHECK(lazy.checked_table().release_allocation == nullptr);
-        CHECK((lazy.capabilities() & NXMEM_CAP_STRUCTURED_RELEASE) == 0);
+        CHECK(lazy.raw_table()->struct_size == nxmem::abi::bytes_required<NxmemAllocatorVtable>(0));
+        CHECK((lazy.raw_table()->capabilities & ~NXMEM_CAP_ALL_V1_0) == 0);
         CHECK((lazy.capabilities() & NXMEM_CAP_VIRTUAL_BACKING) != 0);
+        auto backing = value_or_fail(lazy.virtual_backing());
+        CHECK(backing.commit_granularity() == nxmem::detail::system_page_bytes());
+        auto usage = lazy.query_usage();
+        REQUIRE_FALSE(usage);
+        CHECK(usage.error().code == status_code::unsupported_capability);
         auto live = value_or_fail(lazy.allocate(8192, 4096));
         CHECK(value_or_fail(lazy.release(live)).state == release_state::complete);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("each host range gets the tables of its own minor from the kit", "[versions]") {
+    for (std::uint32_t ceiling = 0; ceiling <= NXMEM_ABI_MINOR; ++ceiling) {
+        host::load_options options;
+        options.host_range = {1, 0, ceiling};
+        auto module = load_or_fail(test::testplugin_path(), options);
+        REQUIRE(module->version().minor == ceiling);
+        {
+            auto lazy = open_or_fail<cpu_device>(module, "lazy");
+            INFO("host range 1.0-1." << ceiling);
+            CHECK(lazy.raw_table()->abi_minor == ceiling);
+            CHECK((lazy.raw_table()->capabilities & ~NXMEM_CAPS_AT_MINOR(ceiling)) == 0);
+            CHECK(((lazy.capabilities() & NXMEM_CAP_STRUCTURED_RELEASE) != 0) == (ceiling >= 1));
+            CHECK(((lazy.capabilities() & NXMEM_CAP_USAGE_QUERY) != 0) == (ceiling >= 2));
+            CHECK(static_cast<bool>(lazy.query_usage()) == (ceiling >= 2));
+        }
+        REQUIRE(module->try_unload());
+    }
+}
+
+TEST_CASE("the usage query reports live allocations, reserved, mapped and prefix bytes", "[usage]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "lazy");
+        CHECK(value_or_fail(lazy.query_usage()) == nxmem::allocator_usage{});
+        auto first = value_or_fail(lazy.allocate(3 * 4096, 4096));
+        auto second = value_or_fail(lazy.allocate(100, 8));
+        auto backing = value_or_fail(lazy.virtual_backing());
+        CHECK(backing.commit_granularity() == 4096);
+        REQUIRE(backing.commit(first, {4096, 8192}));
+        REQUIRE(backing.commit(second, {0, 100})); // ends at the allocation's end: legal unaligned
+        auto mapping = value_or_fail(lazy.shared_mapping());
+        auto prefix = value_or_fail(mapping.create_prefix(512));
+        auto usage = value_or_fail(lazy.query_usage());
+        CHECK(usage.live_allocations == 2);
+        CHECK(usage.reserved_bytes == 3 * 4096 + 100);
+        CHECK(usage.mapped_bytes == 8192 + 100);
+        CHECK(usage.shared_prefix_bytes == 512);
+        CHECK(usage.quarantined_bytes == 0);
+        REQUIRE(mapping.release_prefix(prefix));
+        REQUIRE(lazy.release(first));
+        REQUIRE(lazy.release(second));
+        CHECK(value_or_fail(lazy.query_usage()) == nxmem::allocator_usage{});
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        auto unsupported = eager.query_usage();
+        REQUIRE_FALSE(unsupported);
+        CHECK(unsupported.error().code == status_code::unsupported_capability);
     }
     REQUIRE(module->try_unload());
 }

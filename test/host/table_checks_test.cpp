@@ -22,6 +22,7 @@ NxmemStatusCode stub_enqueue(NxmemAllocatorVtable*, const NxmemAllocation*, uint
 NxmemStatusCode stub_drain(NxmemAllocatorVtable*, uint64_t*, NxmemStatus*) { return 0; }
 NxmemStatusCode stub_release_allocation(NxmemAllocatorVtable*, const NxmemAllocation*,
                                         NxmemReleaseOutcome*, NxmemStatus*) { return 0; }
+NxmemStatusCode stub_query_usage(NxmemAllocatorVtable*, NxmemAllocatorUsage*, NxmemStatus*) { return 0; }
 
 // A well-formed table at `declared` minor with the required slots, read at `ceiling`.
 nxabi::table_copy<NxmemAllocatorVtable> copy_of(NxmemAllocatorVtable table, std::uint32_t ceiling) {
@@ -116,6 +117,15 @@ TEST_CASE("capability flags must agree with their slots and tables", "[table-che
         REQUIRE_FALSE(refused);
         CHECK_THAT(refused.error().message, Catch::Contains("declares minor 0"));
     }
+    SECTION("a flag of a later minor than the table declares is refused, slot or no slot") {
+        NxmemAllocatorVtable table = minimal_table(1);
+        table.capabilities = NXMEM_CAP_USAGE_QUERY;
+        auto copy = copy_of(table, 2);
+        auto refused = checks::check_capabilities(copy);
+        REQUIRE_FALSE(refused);
+        CHECK_THAT(refused.error().message,
+                   Catch::Contains("NXMEM_CAP_USAGE_QUERY is set but the table declares minor 1"));
+    }
     SECTION("a flag whose slot lies above the negotiated level is cleared, not refused") {
         NxmemAllocatorVtable table = minimal_table(1);
         table.capabilities = NXMEM_CAP_STRUCTURED_RELEASE;
@@ -126,6 +136,87 @@ TEST_CASE("capability flags must agree with their slots and tables", "[table-che
         CHECK(copy.table.capabilities == 0);
         CHECK(copy.table.release_allocation == nullptr);
     }
+}
+
+TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
+    SECTION("a table declaring a newer minor than the reader knows loses the bits it does not know") {
+        NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR + 1);
+        const std::uint64_t next_minor_flag = 1ull << 6; // what the next minor might add
+        table.capabilities = NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_HOST_RECLAIM | next_minor_flag;
+        table.query_usage = &stub_query_usage;
+        auto copy = copy_of(table, NXMEM_ABI_MINOR);
+        REQUIRE(checks::check_capabilities(copy));
+        CHECK(copy.table.capabilities == (NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_HOST_RECLAIM));
+        CHECK(copy.table.query_usage == &stub_query_usage);
+        CHECK(table.capabilities == (NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_HOST_RECLAIM | next_minor_flag));
+    }
+    SECTION("the same bit in a table declaring a minor the reader knows is refused") {
+        NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR);
+        table.capabilities = 1ull << 6;
+        auto copy = copy_of(table, NXMEM_ABI_MINOR);
+        auto refused = checks::check_capabilities(copy);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::contract_violation);
+        CHECK_THAT(refused.error().message, Catch::Contains("unknown capability bits 0x40"));
+    }
+    SECTION("every minor's flags, read at every lower ceiling, keep only the flags of that ceiling") {
+        for (std::uint32_t minor = 0; minor <= NXMEM_ABI_MINOR; ++minor) {
+            for (std::uint32_t ceiling = 0; ceiling <= minor; ++ceiling) {
+                NxmemAllocatorVtable table = minimal_table(minor);
+                table.capabilities = NXMEM_CAPS_AT_MINOR(minor) &
+                                     ~(NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
+                                       NXMEM_CAP_DEFERRED_RELEASE); // flags whose slots are stubbed
+                table.release_allocation = minor >= 1 ? &stub_release_allocation : nullptr;
+                table.query_usage = minor >= 2 ? &stub_query_usage : nullptr;
+                auto copy = copy_of(table, ceiling);
+                INFO("table minor " << minor << ", ceiling " << ceiling);
+                REQUIRE(checks::check_capabilities(copy));
+                CHECK(copy.table.capabilities == (table.capabilities & NXMEM_CAPS_AT_MINOR(ceiling)));
+            }
+        }
+    }
+    SECTION("the per-minor sets are cumulative and NXMEM_CAP_ALL_V1 is the newest") {
+        STATIC_REQUIRE(NXMEM_CAP_VIRTUAL_BACKING == 0x1);
+        STATIC_REQUIRE(NXMEM_CAP_SHARED_MAPPING == 0x2);
+        STATIC_REQUIRE(NXMEM_CAP_DEFERRED_RELEASE == 0x4);
+        STATIC_REQUIRE(NXMEM_CAP_STRUCTURED_RELEASE == 0x8);
+        STATIC_REQUIRE(NXMEM_CAP_HOST_RECLAIM == 0x10);
+        STATIC_REQUIRE(NXMEM_CAP_USAGE_QUERY == 0x20);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1_0 == 0x17);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1_1 == 0x1F);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1_2 == 0x3F);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1 == NXMEM_CAP_ALL_V1_2);
+        STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0);
+        STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(9u) == NXMEM_CAP_ALL_V1);
+    }
+}
+
+TEST_CASE("the commit granularity is the table's from minor 2 on, else the page", "[table-checks]") {
+    auto table = nxabi::make_struct<NxmemVirtualBackingVtable>();
+    table.abi_minor = 2;
+    table.type_tag = NXMEM_TYPE_TAG_VIRTUAL_BACKING;
+    table.commit = [](NxmemAllocatorVtable*, const NxmemRangeRequest*, NxmemStatus*) -> NxmemStatusCode { return 0; };
+    table.decommit = table.commit;
+    table.mapped_bytes = [](NxmemAllocatorVtable*, const NxmemAllocation*, uint64_t*, NxmemStatus*) -> NxmemStatusCode { return 0; };
+    auto read = [&](std::uint32_t ceiling) {
+        auto copy = nxabi::read_prefix<NxmemVirtualBackingVtable>(&table, ceiling);
+        REQUIRE(copy);
+        return checks::commit_granularity_of(copy.value());
+    };
+    table.commit_granularity = 2u << 20;
+    CHECK(read(2).value() == (2u << 20));
+    CHECK(read(1).value() == nxmem::detail::system_page_bytes()); // an older host: the page
+    for (std::uint64_t bad : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{4097}}) {
+        table.commit_granularity = bad;
+        auto refused = read(2);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::contract_violation);
+        CHECK_THAT(refused.error().message, Catch::Contains("is not a power of two"));
+        CHECK(read(1)); // invisible below minor 2
+    }
+    table.struct_size = static_cast<std::uint32_t>(nxabi::bytes_required<NxmemVirtualBackingVtable>(0));
+    table.abi_minor = 0; // a minor-0 table: the field is not there at all
+    CHECK(read(2).value() == nxmem::detail::system_page_bytes());
 }
 
 TEST_CASE("a refused table's release slot is located only within its own struct_size",

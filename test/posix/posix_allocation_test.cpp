@@ -141,3 +141,24 @@ TEST_CASE("malformed and impossible allocations are refused and change nothing",
     CHECK(value_or_fail(module->readiness()).ready());
     REQUIRE(module->try_unload());
 }
+
+TEST_CASE("posix-eager's usage query counts live allocations at their cost", "[posix][eager][usage]") {
+    const std::uint64_t page = test::page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "posix-eager");
+        REQUIRE((eager.capabilities() & NXMEM_CAP_USAGE_QUERY) != 0);
+        const auto small = value_or_fail(eager.allocate(100, 16));      // the heap: its size
+        const auto large = value_or_fail(eager.allocate(1 << 20, page)); // mmap: whole pages
+        auto usage = value_or_fail(eager.query_usage());
+        CHECK(usage.live_allocations == 2);
+        CHECK(usage.reserved_bytes == 100 + (1u << 20));
+        CHECK(usage.mapped_bytes == usage.reserved_bytes);
+        CHECK(usage.shared_prefix_bytes == 0);
+        CHECK(usage.quarantined_bytes == 0);
+        REQUIRE(eager.release(small));
+        REQUIRE(eager.release(large));
+        CHECK(value_or_fail(eager.query_usage()) == nxmem::allocator_usage{});
+    }
+    REQUIRE(module->try_unload());
+}

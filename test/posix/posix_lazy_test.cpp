@@ -216,3 +216,46 @@ TEST_CASE("deferred release retires at once and reports what was mapped",
     CHECK(value_or_fail(module->readiness()).ready());
     REQUIRE(module->try_unload());
 }
+
+TEST_CASE("the commit granularity is the page, or the huge page with huge_pages", "[posix][lazy][granularity]") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto plain = open_or_fail<cpu_device>(module, "posix-lazy");
+        CHECK(value_or_fail(plain.virtual_backing()).commit_granularity() == page_size());
+        auto huge = open_or_fail<cpu_device>(module, "posix-lazy", 0, "huge_pages=1");
+        CHECK(value_or_fail(huge.virtual_backing()).commit_granularity() == (2u << 20));
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("the usage query sums live reservations, committed bytes and prefixes",
+          "[posix][lazy][usage]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        REQUIRE((lazy.capabilities() & NXMEM_CAP_USAGE_QUERY) != 0);
+        CHECK(value_or_fail(lazy.query_usage()) == nxmem::allocator_usage{});
+        auto backing = value_or_fail(lazy.virtual_backing());
+        auto mapping = value_or_fail(lazy.shared_mapping());
+        const auto first = value_or_fail(lazy.allocate(8 * page, page));
+        const auto second = value_or_fail(lazy.allocate(page + 10, 8));
+        REQUIRE(backing.commit(first, {2 * page, 3 * page}));
+        REQUIRE(backing.commit(second, {0, page + 10})); // a partial last page, up to the end
+        const auto prefix = value_or_fail(mapping.create_prefix(page + 1));
+        const std::uint64_t ticket = value_or_fail(lazy.enqueue_release(second));
+        (void)ticket;
+        auto usage = value_or_fail(lazy.query_usage());
+        CHECK(usage.live_allocations == 2); // the queued one has not retired yet
+        CHECK(usage.reserved_bytes == 8 * page + page + 10);
+        CHECK(usage.mapped_bytes == value_or_fail(backing.mapped_bytes(first)) + page + 10);
+        CHECK(usage.mapped_bytes == 3 * page + page + 10);
+        CHECK(usage.shared_prefix_bytes == 2 * page); // whole pages, charged at create
+        CHECK(usage.quarantined_bytes == 0);
+        REQUIRE(value_or_fail(lazy.drain_releases()).size() == 1);
+        REQUIRE(mapping.release_prefix(prefix));
+        REQUIRE(lazy.release(first));
+        CHECK(value_or_fail(lazy.query_usage()) == nxmem::allocator_usage{});
+    }
+    REQUIRE(module->try_unload());
+}

@@ -33,7 +33,18 @@ allocator_probe probe_on(const std::shared_ptr<host::plugin_module>& module,
     probe.declared_minor = allocator.declared_minor();
     probe.effective_minor = allocator.effective_minor();
     probe.capabilities = allocator.capabilities();
-    probe.virtual_backing_view = allocator.virtual_backing().has_value();
+    if (auto backing = allocator.virtual_backing()) {
+        probe.virtual_backing_view = true;
+        probe.commit_granularity = backing.value().commit_granularity();
+    }
+    if ((probe.capabilities & NXMEM_CAP_USAGE_QUERY) != 0) {
+        result<allocator_usage> usage = allocator.query_usage();
+        if (usage) {
+            probe.usage = usage.value();
+        } else {
+            probe.usage_failed = usage.error();
+        }
+    }
     probe.shared_mapping_view = allocator.shared_mapping().has_value();
     probe.capability_tables = allocator.capability_tables();
     return probe;

@@ -9,6 +9,7 @@
 #include <nxmem/host/factory_info.hpp>
 #include <nxmem/host/load_options.hpp>
 #include <nxmem/host/tally.hpp>
+#include <nxmem/usage.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -29,6 +30,9 @@ struct allocator_probe {
     bool virtual_backing_view = false;
     bool shared_mapping_view = false;
     std::vector<host::capability_table_level> capability_tables;
+    std::uint64_t commit_granularity = 0;        // 0 without virtual backing
+    std::optional<allocator_usage> usage;        // the usage query's answer, when offered (minor 2)
+    std::optional<error> usage_failed;           // offered, but the query failed
 };
 
 struct factory_report {

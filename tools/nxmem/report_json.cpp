@@ -45,6 +45,18 @@ json probe_json(const std::optional<allocator_probe>& probe) {
                           {"effective_minor", table.effective_minor}});
     }
     out["capability_tables"] = tables;
+    if (probe->virtual_backing_view) {
+        out["commit_granularity"] = probe->commit_granularity;
+    }
+    if (probe->usage) {
+        out["usage"] = {{"live_allocations", probe->usage->live_allocations},
+                        {"reserved_bytes", probe->usage->reserved_bytes},
+                        {"mapped_bytes", probe->usage->mapped_bytes},
+                        {"shared_prefix_bytes", probe->usage->shared_prefix_bytes},
+                        {"quarantined_bytes", probe->usage->quarantined_bytes}};
+    } else if (probe->usage_failed) {
+        out["usage_failed"] = error_json(*probe->usage_failed);
+    }
     return out;
 }
 

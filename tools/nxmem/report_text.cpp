@@ -43,6 +43,33 @@ void print_field(std::ostream& out, const std::string& label, const std::string&
         << text << '\n';
 }
 
+// What minor 2 adds per opened mechanism: the commit granularity and the usage query's answer on
+// the freshly opened allocator.
+void print_mechanism_details(std::ostream& out, const plugin_report& report) {
+    for (const factory_report& entry : report.factories) {
+        if (!entry.probe || entry.probe->refused) {
+            continue;
+        }
+        const allocator_probe& probe = *entry.probe;
+        std::vector<std::string> details;
+        if (probe.virtual_backing_view) {
+            details.push_back("commit granularity " + std::to_string(probe.commit_granularity) + " B");
+        }
+        if (probe.usage) {
+            details.push_back("usage " + std::to_string(probe.usage->live_allocations) + " live, " +
+                              std::to_string(probe.usage->reserved_bytes) + " B reserved, " +
+                              std::to_string(probe.usage->mapped_bytes) + " B mapped, " +
+                              std::to_string(probe.usage->shared_prefix_bytes) + " B in prefixes, " +
+                              std::to_string(probe.usage->quarantined_bytes) + " B quarantined");
+        } else if (probe.usage_failed) {
+            details.push_back("usage query failed: " + probe.usage_failed->describe());
+        }
+        if (!details.empty()) {
+            out << "    " << entry.factory.name << ": " << join(details, "; ", "") << '\n';
+        }
+    }
+}
+
 void print_mechanisms(std::ostream& out, const plugin_report& report) {
     std::size_t opened = 0;
     std::size_t refused = 0;
@@ -89,6 +116,7 @@ void print_mechanisms(std::ostream& out, const plugin_report& report) {
     }
     table.print(out, "    ");
     out << "    (FACTORY, ALLOCATOR, CAPABILITY TABLES: the ABI version each table declares)\n";
+    print_mechanism_details(out, report);
 }
 
 void print_unload(std::ostream& out, const unload_report& unload) {

@@ -31,10 +31,12 @@ struct field_info {
     field_role role;
 };
 
-// An optional capability: its flag and the fields that implement it (one or two).
+// An optional capability: its flag, the minor that added the flag, and the fields that implement
+// it (one or two).
 struct capability_pair {
     std::string_view flag_name;
     std::uint64_t flag;
+    std::uint32_t since;
     std::array<std::string_view, 2> fields; // unused entries are empty
 };
 
@@ -69,6 +71,10 @@ struct capability_pair {
     F(struct_size, 0, header) F(reserved, 0, data) F(live_allocators, 0, data) \
     F(live_allocations, 0, data) F(live_views, 0, data) F(live_shared_prefixes, 0, data) \
     F(queued_releases, 0, data)
+#define NXMEM_ABI_FIELDS_NxmemAllocatorUsage(F) \
+    F(struct_size, 2, header) F(reserved, 2, data) F(live_allocations, 2, data) \
+    F(reserved_bytes, 2, data) F(mapped_bytes, 2, data) F(shared_prefix_bytes, 2, data) \
+    F(quarantined_bytes, 2, data)
 #define NXMEM_ABI_FIELDS_NxmemSharedPrefixHandle(F) \
     F(struct_size, 0, header) F(reserved, 0, data) F(mechanism_id, 0, data) F(device, 0, data) \
     F(prefix_id, 0, data) F(size, 0, data)
@@ -96,7 +102,8 @@ struct capability_pair {
     F(options, 0, data) F(options_length, 0, data)
 #define NXMEM_ABI_FIELDS_NxmemVirtualBackingVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
-    F(commit, 0, required_slot) F(decommit, 0, required_slot) F(mapped_bytes, 0, required_slot)
+    F(commit, 0, required_slot) F(decommit, 0, required_slot) F(mapped_bytes, 0, required_slot) \
+    F(commit_granularity, 2, data)
 #define NXMEM_ABI_FIELDS_NxmemSharedMappingVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(create_shared_prefix, 0, required_slot) F(retain_shared_prefix, 0, required_slot) \
@@ -107,7 +114,8 @@ struct capability_pair {
     F(allocate, 0, required_slot) F(deallocate, 0, required_slot) F(retain, 0, required_slot) \
     F(release, 0, required_slot) F(virtual_backing, 0, capability_table) \
     F(shared_mapping, 0, capability_table) F(enqueue_release, 0, optional_slot) \
-    F(drain_releases, 0, optional_slot) F(release_allocation, 1, optional_slot)
+    F(drain_releases, 0, optional_slot) F(release_allocation, 1, optional_slot) \
+    F(query_usage, 2, optional_slot)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorFactoryVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(name, 0, data) F(mechanism_id, 0, data) F(device_types, 0, data) \
@@ -118,7 +126,7 @@ struct capability_pair {
     S(NxmemStatus, 0) S(NxmemDeviceId, 0) S(NxmemAllocation, 0) S(NxmemAllocRequest, 0) \
     S(NxmemAllocResult, 0) S(NxmemByteRange, 0) S(NxmemRangeRequest, 0) \
     S(NxmemReleaseOutcome, 0) S(NxmemReleaseCompletion, 0) S(NxmemReclaimRequest, 0) \
-    S(NxmemUnloadReport, 0) S(NxmemSharedPrefixHandle, 0) S(NxmemSharedPrefixRequest, 0) \
+    S(NxmemUnloadReport, 0) S(NxmemAllocatorUsage, 0) S(NxmemSharedPrefixHandle, 0) S(NxmemSharedPrefixRequest, 0) \
     S(NxmemSharedPrefixCommitRequest, 0) S(NxmemSharedPrefixCommitInfo, 0) \
     S(NxmemVersionRange, 0) S(NxmemNegotiateRequest, 0) S(NxmemNegotiateResponse, 0) \
     S(NxmemHostCallbacks, NXMEM_TYPE_TAG_HOST_CALLBACKS) S(NxmemOpenRequest, 0) \
@@ -169,6 +177,15 @@ template <class T> constexpr std::uint32_t known_minor() noexcept {
     return minor;
 }
 
+// The minor that introduced T: the oldest level any field of T belongs to.
+template <class T> constexpr std::uint32_t introduced_minor() noexcept {
+    std::uint32_t minor = struct_traits<T>::fields[0].since;
+    for (const field_info& field : struct_traits<T>::fields) {
+        minor = field.since < minor ? field.since : minor;
+    }
+    return minor;
+}
+
 // The bytes a sender at `minor` must provide: the end of the last field of that level (not
 // sizeof, which adds padding). A minor above what this header knows requires at least as much as
 // the newest level it knows, since every newer struct is a strict superset.
@@ -182,6 +199,11 @@ template <class T> constexpr std::size_t bytes_required(std::uint32_t minor) noe
     return end;
 }
 
+// The bytes of T as it was introduced: the smallest struct_size any receiver or sender may use.
+template <class T> constexpr std::size_t baseline_bytes() noexcept {
+    return bytes_required<T>(introduced_minor<T>());
+}
+
 // The field of T called `name`, or nullptr.
 template <class T> constexpr const field_info* find_field(std::string_view name) noexcept {
     for (const field_info& field : struct_traits<T>::fields) {
@@ -192,13 +214,30 @@ template <class T> constexpr const field_info* find_field(std::string_view name)
     return nullptr;
 }
 
-// Optional capabilities of the allocator table: each flag and the slots or table behind it.
-inline constexpr std::array<capability_pair, 5> allocator_capabilities{{
-    {"NXMEM_CAP_VIRTUAL_BACKING", NXMEM_CAP_VIRTUAL_BACKING, {"virtual_backing", ""}},
-    {"NXMEM_CAP_SHARED_MAPPING", NXMEM_CAP_SHARED_MAPPING, {"shared_mapping", ""}},
-    {"NXMEM_CAP_DEFERRED_RELEASE", NXMEM_CAP_DEFERRED_RELEASE, {"enqueue_release", "drain_releases"}},
-    {"NXMEM_CAP_STRUCTURED_RELEASE", NXMEM_CAP_STRUCTURED_RELEASE, {"release_allocation", ""}},
-    {"NXMEM_CAP_HOST_RECLAIM", NXMEM_CAP_HOST_RECLAIM, {"", ""}},
+// Optional capabilities of the allocator table: each flag, its minor, and the slots or table behind it.
+inline constexpr std::array<capability_pair, 6> allocator_capabilities{{
+    {"NXMEM_CAP_VIRTUAL_BACKING", NXMEM_CAP_VIRTUAL_BACKING, 0, {"virtual_backing", ""}},
+    {"NXMEM_CAP_SHARED_MAPPING", NXMEM_CAP_SHARED_MAPPING, 0, {"shared_mapping", ""}},
+    {"NXMEM_CAP_DEFERRED_RELEASE", NXMEM_CAP_DEFERRED_RELEASE, 0, {"enqueue_release", "drain_releases"}},
+    {"NXMEM_CAP_STRUCTURED_RELEASE", NXMEM_CAP_STRUCTURED_RELEASE, 1, {"release_allocation", ""}},
+    {"NXMEM_CAP_HOST_RECLAIM", NXMEM_CAP_HOST_RECLAIM, 0, {"", ""}},
+    {"NXMEM_CAP_USAGE_QUERY", NXMEM_CAP_USAGE_QUERY, 2, {"query_usage", ""}},
 }};
+
+// The capability flags defined at or below `minor` (by this header's knowledge): what a sender may
+// set at that negotiated minor, and what a reader knows of a table declaring it.
+constexpr std::uint64_t capabilities_at_minor(std::uint32_t minor) noexcept {
+    std::uint64_t flags = 0;
+    for (const capability_pair& pair : allocator_capabilities) {
+        flags |= pair.since <= minor ? pair.flag : 0;
+    }
+    return flags;
+}
+static_assert(capabilities_at_minor(0) == NXMEM_CAP_ALL_V1_0);
+static_assert(capabilities_at_minor(1) == NXMEM_CAP_ALL_V1_1);
+static_assert(capabilities_at_minor(2) == NXMEM_CAP_ALL_V1_2);
+static_assert(capabilities_at_minor(NXMEM_ABI_MINOR) == NXMEM_CAP_ALL_V1);
+static_assert(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0 && NXMEM_CAPS_AT_MINOR(1u) == NXMEM_CAP_ALL_V1_1 &&
+              NXMEM_CAPS_AT_MINOR(2u) == NXMEM_CAP_ALL_V1_2 && NXMEM_CAPS_AT_MINOR(7u) == NXMEM_CAP_ALL_V1);
 
 } // namespace nxmem::abi

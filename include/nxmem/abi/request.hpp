@@ -21,7 +21,7 @@ template <class T> result<T> read_request(const T* untrusted) {
     }
     std::uint32_t size = 0;
     std::memcpy(&size, untrusted, sizeof size);
-    constexpr std::size_t required = bytes_required<T>(0);
+    constexpr std::size_t required = baseline_bytes<T>();
     if (size < required) {
         return fail(status_code::invalid_argument,
                     what + ": struct_size " + std::to_string(size) + " is below the " +
@@ -55,7 +55,7 @@ template <class T> result<void> write_output(T* out, const T& value) {
     }
     std::uint32_t size = 0;
     std::memcpy(&size, out, sizeof size);
-    constexpr std::size_t required = bytes_required<T>(0);
+    constexpr std::size_t required = baseline_bytes<T>();
     if (size < required) {
         return fail(status_code::invalid_argument,
                     what + ": output struct_size " + std::to_string(size) + " is below the " +

@@ -97,10 +97,13 @@ inline void ignore_completion(void*, const NxmemReleaseCompletion*) noexcept {}
 // between; released through its own release slot when it can be located, as the host would.
 class raw_allocator {
 public:
-    static result<std::unique_ptr<raw_allocator>> open(const subject& target) {
+    // Negotiates `host_range` (the whole supported range by default), then opens.
+    static result<std::unique_ptr<raw_allocator>> open(const subject& target,
+                                                       const abi::version_range& host_range = abi::supported_range) {
         NXMEM_TRY(library, open_with_exports(target));
         auto opened = std::unique_ptr<raw_allocator>(new raw_allocator(std::move(library)));
-        NXMEM_TRY(factories, raw_factories::create(opened->library_));
+        NXMEM_TRY(factories, raw_factories::create(opened->library_, host_range));
+        opened->negotiated_minor = factories.negotiated_minor();
         opened->factories_.emplace(std::move(factories));
         opened->factory_raw_ = opened->factories_->find(target.mechanism);
         if (opened->factory_raw_ == nullptr) {
@@ -146,6 +149,7 @@ public:
     raw_table<NxmemAllocatorFactoryVtable> factory;
     raw_table<NxmemAllocatorVtable> allocator;
     std::uint64_t factory_mechanism_id = 0;
+    std::uint32_t negotiated_minor = 0;
 
     // A capability table the allocator points to, if its struct_size covers the pointer.
     template <class T> std::optional<raw_table<T>> capability_table(std::string_view field_name) const {
@@ -244,10 +248,15 @@ struct check_tables_capabilities {
         NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
         const auto& table = opened->allocator;
         const std::string expected = "every capability flag set exactly when its slots are";
-        const NxmemCapabilities flags = table.copy.capabilities;
-        if ((flags & ~NXMEM_CAP_ALL_V1) != 0) {
-            return failed(expected, "unknown capability bits 0x" +
-                                        nxmem::detail::to_hex(flags & ~NXMEM_CAP_ALL_V1));
+        NxmemCapabilities flags = table.copy.capabilities;
+        if (table.declared_minor > abi::known_minor<NxmemAllocatorVtable>()) {
+            flags &= NXMEM_CAP_ALL_V1; // a newer minor's flags are not this header's to judge
+        }
+        if (const std::uint64_t stray = flags & ~abi::capabilities_at_minor(table.declared_minor);
+            stray != 0) {
+            return failed(expected, "capability bits 0x" + nxmem::detail::to_hex(stray) +
+                                        " are defined by no minor up to the declared one (" +
+                                        std::to_string(table.declared_minor) + ")");
         }
         for (const abi::capability_pair& pair : abi::allocator_capabilities) {
             const bool flagged = (flags & pair.flag) != 0;
@@ -266,6 +275,32 @@ struct check_tables_capabilities {
                                                 std::string(name) + "' is " +
                                                 (set ? "non-NULL" : "NULL"));
                 }
+            }
+        }
+        return passed();
+    }
+};
+
+// tables.flags_within_minor: at every negotiated minor the header knows, the allocator table sets
+// no flag above that minor (rule C7): an older host would otherwise refuse it.
+struct check_tables_flags_within_minor {
+    static finding run(const subject& target, const suite_options&) {
+        const std::string expected = "no capability flag above the negotiated minor";
+        for (std::uint32_t ceiling = NXMEM_ABI_MINOR_BASELINE; ceiling <= NXMEM_ABI_MINOR; ++ceiling) {
+            const abi::version_range host_range{NXMEM_ABI_MAJOR, NXMEM_ABI_MINOR_BASELINE, ceiling};
+            result<std::unique_ptr<detail::raw_allocator>> opened =
+                detail::raw_allocator::open(target, host_range);
+            if (!opened) {
+                continue; // the plugin does not speak this range: negotiation checks judge that
+            }
+            const detail::raw_allocator& raw = *opened.value();
+            const NxmemCapabilities above =
+                raw.allocator.copy.capabilities & ~abi::capabilities_at_minor(raw.negotiated_minor);
+            if (above != 0) {
+                return failed(expected, "host range " + host_range.describe() + " negotiated minor " +
+                                            std::to_string(raw.negotiated_minor) +
+                                            ", but the allocator table sets flags 0x" +
+                                            nxmem::detail::to_hex(above) + " of later minors");
             }
         }
         return passed();

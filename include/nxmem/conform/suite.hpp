@@ -70,6 +70,8 @@ inline constexpr std::array all_checks{
         requirement::device, &check_tables_struct_size::run},
     check_definition{"tables.capabilities", "capability flags agree with slots and tables", "Slots",
         requirement::table_size, &check_tables_capabilities::run},
+    check_definition{"tables.flags_within_minor", "no capability flag above the negotiated minor", "Capabilities",
+        requirement::table_size, &check_tables_flags_within_minor::run},
     check_definition{"tables.required_slots", "required slots are present", "Slots",
         requirement::table_size, &check_tables_required_slots::run},
     check_definition{"tables.identity", "the allocator table names its mechanism and device", "Misuse",

@@ -49,6 +49,10 @@ public:
     result<std::uint64_t> mapped_bytes(const allocation<D>& live) {
         return core_->mapped_bytes(detail::to_wire(live));
     }
+    // The unit of commit and decommit, a power of two: a range starts at a multiple of it and is a
+    // multiple of it long, except one that ends at the allocation's end. The mechanism states it
+    // from minor 2 on; for an older table it is the host's page size.
+    std::uint64_t commit_granularity() const noexcept { return core_->commit_granularity(); }
 };
 
 template <Device D> class shared_mapping_view : detail::view_base {

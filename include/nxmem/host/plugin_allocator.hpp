@@ -59,6 +59,10 @@ public:
     }
     result<std::vector<release_completion>> drain_releases() { return core_->drain_releases(); }
 
+    // What the allocator holds now (minor 2's usage query); UNSUPPORTED_CAPABILITY when the
+    // mechanism does not offer it or the negotiated minor is below 2.
+    result<allocator_usage> query_usage() const { return core_->query_usage(); }
+
     // The capability views; UNSUPPORTED_CAPABILITY when the mechanism does not offer them.
     result<virtual_backing_view<D>> virtual_backing() const;
     result<shared_mapping_view<D>> shared_mapping() const;

@@ -5,11 +5,13 @@
 
 #include <nxmem/abi/request.hpp>
 #include <nxmem/detail/hex.hpp>
+#include <nxmem/detail/page_size.hpp>
 #include <nxmem/plugin/allocation_registry.hpp>
 #include <nxmem/plugin/guard.hpp>
 #include <nxmem/plugin/mechanism.hpp>
 #include <nxmem/plugin/module_state.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+
 
 namespace nxmem::plugin {
 
@@ -46,6 +49,7 @@ template <class Body> NxmemStatusCode run_slot(NxmemStatus* status, Body&& body)
 
 } // namespace detail
 
+
 template <mechanism M> class allocator_object {
 public:
     // Opens an allocator of M for `request`; on success `*out` holds one reference.
@@ -72,12 +76,14 @@ public:
 private:
     allocator_object(std::unique_ptr<M> instance, host_link link, device_id device)
         : mechanism_(std::move(instance)), host_(link), device_(device) {
+        // Nothing above the negotiated minor: not its slots, not its flags, not its fields.
+        const std::uint32_t level = std::min(declared_minor, this_module().negotiated_minor.load());
         NxmemAllocatorVtable& table = shell_.table;
         table = abi::make_struct<NxmemAllocatorVtable>();
-        table.struct_size = static_cast<std::uint32_t>(abi::bytes_required<NxmemAllocatorVtable>(declared_minor));
-        table.abi_minor = declared_minor;
+        table.struct_size = static_cast<std::uint32_t>(abi::bytes_required<NxmemAllocatorVtable>(level));
+        table.abi_minor = level;
         table.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
-        table.capabilities = capabilities_of<M>();
+        table.capabilities = capabilities_of<M>() & abi::capabilities_at_minor(level);
         table.mechanism_id = M::mechanism_id;
         table.device = device.to_wire();
         table.allocate = &slot_allocate;
@@ -85,8 +91,8 @@ private:
         table.retain = &slot_retain;
         table.release = &slot_release;
         if constexpr (offers_virtual_backing<M>) {
-            static constexpr NxmemVirtualBackingVtable virtual_backing = make_virtual_backing_table();
-            table.virtual_backing = &virtual_backing;
+            virtual_backing_ = make_virtual_backing_table(*mechanism_, this_module().negotiated_minor.load());
+            table.virtual_backing = &virtual_backing_;
         }
         if constexpr (offers_shared_mapping<M>) {
             static constexpr NxmemSharedMappingVtable shared_mapping = make_shared_mapping_table();
@@ -97,7 +103,14 @@ private:
             table.drain_releases = &slot_drain_releases;
         }
         if constexpr (offers_structured_release<M>) {
-            table.release_allocation = &slot_release_allocation;
+            if (level >= 1) {
+                table.release_allocation = &slot_release_allocation;
+            }
+        }
+        if constexpr (offers_usage_query<M>) {
+            if (level >= 2) {
+                table.query_usage = &slot_query_usage;
+            }
         }
         shell_.owner = this;
         this_module().live_allocators.fetch_add(1);
@@ -487,14 +500,34 @@ private:
         });
     }
 
-    static constexpr NxmemVirtualBackingVtable make_virtual_backing_table() noexcept {
+    // ---- usage query ----
+
+    static NxmemStatusCode slot_query_usage(NxmemAllocatorVtable* table, NxmemAllocatorUsage* out,
+                                            NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(usage, self(table).mechanism_->usage());
+            return abi::write_output(out, usage.to_wire());
+        });
+    }
+
+    // Per allocator: the granularity may depend on the device or on the allocator's options.
+    static NxmemVirtualBackingVtable make_virtual_backing_table(const M& mechanism,
+                                                                std::uint32_t negotiated) noexcept {
+        const std::uint32_t level = std::min<std::uint32_t>(2, negotiated);
         NxmemVirtualBackingVtable vb{};
-        vb.struct_size = sizeof vb;
-        vb.abi_minor = NXMEM_ABI_MINOR_BASELINE;
+        vb.struct_size = static_cast<std::uint32_t>(abi::bytes_required<NxmemVirtualBackingVtable>(level));
+        vb.abi_minor = level;
         vb.type_tag = NXMEM_TYPE_TAG_VIRTUAL_BACKING;
         vb.commit = &slot_commit;
         vb.decommit = &slot_decommit;
         vb.mapped_bytes = &slot_mapped_bytes;
+        if (level >= 2) {
+            if constexpr (states_commit_granularity<M>) {
+                vb.commit_granularity = mechanism.commit_granularity();
+            } else {
+                vb.commit_granularity = nxmem::detail::system_page_bytes();
+            }
+        }
         return vb;
     }
     static constexpr NxmemSharedMappingVtable make_shared_mapping_table() noexcept {
@@ -515,6 +548,7 @@ private:
     };
 
     detail::allocator_shell shell_{};
+    NxmemVirtualBackingVtable virtual_backing_{}; // per allocator: its granularity is its own
     std::atomic<std::uint32_t> references_{1};
     std::unique_ptr<M> mechanism_;
     host_link host_;

@@ -9,6 +9,7 @@
 #include <nxmem/device.hpp>
 #include <nxmem/plugin/host_link.hpp>
 #include <nxmem/plugin/options.hpp>
+#include <nxmem/usage.hpp>
 
 #include <concepts>
 #include <cstdint>
@@ -118,6 +119,19 @@ concept offers_structured_release = mechanism<M> &&
         { instance.release_allocation(record) } -> std::same_as<result<release_outcome>>;
     };
 
+// NXMEM_CAP_USAGE_QUERY (minor 2): the mechanism reports what one allocator holds now.
+template <class M>
+concept offers_usage_query = mechanism<M> && requires(M& instance) {
+    { instance.usage() } -> std::same_as<result<allocator_usage>>;
+};
+
+// Minor 2's commit granularity of a virtual-backing mechanism, per allocator (a device's
+// granularity, huge pages). Without it the kit states the system page size.
+template <class M>
+concept states_commit_granularity = offers_virtual_backing<M> && requires(const M& instance) {
+    { instance.commit_granularity() } -> std::convertible_to<std::uint64_t>;
+};
+
 // NXMEM_CAP_HOST_RECLAIM: the mechanism may call the host's request_reclaim.
 template <class M>
 concept uses_host_reclaim = mechanism<M> && requires {
@@ -131,15 +145,17 @@ template <mechanism M> constexpr NxmemCapabilities capabilities_of() noexcept {
     flags |= offers_deferred_release<M> ? NXMEM_CAP_DEFERRED_RELEASE : 0;
     flags |= offers_structured_release<M> ? NXMEM_CAP_STRUCTURED_RELEASE : 0;
     flags |= uses_host_reclaim<M> ? NXMEM_CAP_HOST_RECLAIM : 0;
+    flags |= offers_usage_query<M> ? NXMEM_CAP_USAGE_QUERY : 0;
     return flags;
 }
 
-// The level a mechanism's allocator table declares: the newest slot it fills.
+// The level a mechanism's allocator table declares at most: the newest slot it fills. The kit
+// declares less when the host negotiated less (a sender uses nothing above the negotiated minor).
 template <class M> constexpr std::uint32_t declared_minor_of() noexcept {
     if constexpr (raw_mechanism<M>) {
         return M::abi_minor;
     } else {
-        return offers_structured_release<M> ? 1u : 0u;
+        return offers_usage_query<M> ? 2u : offers_structured_release<M> ? 1u : 0u;
     }
 }
 

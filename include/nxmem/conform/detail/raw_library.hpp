@@ -123,7 +123,8 @@ inline NxmemReleaseFactoryFn factory_release_slot(const NxmemAllocatorFactoryVta
 class raw_factories {
 public:
     raw_factories() = default;
-    raw_factories(raw_factories&& other) noexcept : tables_(std::exchange(other.tables_, {})) {}
+    raw_factories(raw_factories&& other) noexcept
+        : tables_(std::exchange(other.tables_, {})), negotiated_minor_(other.negotiated_minor_) {}
     raw_factories& operator=(raw_factories&&) = delete;
     raw_factories(const raw_factories&) = delete;
     raw_factories& operator=(const raw_factories&) = delete;
@@ -135,14 +136,16 @@ public:
         }
     }
 
-    // Negotiates the whole supported range first, as a host would, then creates the factories.
-    static result<raw_factories> create(const raw_library& library) {
+    // Negotiates `host_range` first (the whole supported range unless a check narrows it), as a
+    // host would, then creates the factories.
+    static result<raw_factories> create(const raw_library& library,
+                                        const abi::version_range& host_range = abi::supported_range) {
         NxmemNegotiateFn negotiate_fn = library.negotiate();
         NxmemCreateAllocatorFactoriesFn create_fn = library.create_factories();
         if (negotiate_fn == nullptr || create_fn == nullptr) {
             return fail(status_code::contract_violation, "the plugin lacks an export");
         }
-        negotiation_reply agreed = negotiate(negotiate_fn, abi::supported_range);
+        negotiation_reply agreed = negotiate(negotiate_fn, host_range);
         if (agreed.code != NXMEM_STATUS_OK) {
             return fail(status_code::version_mismatch, "negotiation refused: " + agreed.describe());
         }
@@ -162,10 +165,12 @@ public:
         }
         raw_factories made;
         made.tables_.assign(raw.begin(), raw.begin() + count);
+        made.negotiated_minor_ = agreed.response.minor;
         return made;
     }
 
     const std::vector<NxmemAllocatorFactoryVtable*>& tables() const noexcept { return tables_; }
+    std::uint32_t negotiated_minor() const noexcept { return negotiated_minor_; }
 
     // The factory whose name is `name`, or NULL (names read within the table's own struct_size).
     NxmemAllocatorFactoryVtable* find(std::string_view name) const {
@@ -185,6 +190,7 @@ public:
 
 private:
     std::vector<NxmemAllocatorFactoryVtable*> tables_;
+    std::uint32_t negotiated_minor_ = 0;
 };
 
 } // namespace nxmem::conform::detail

@@ -7,6 +7,7 @@
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/allocation.hpp>
+#include <nxmem/detail/page_size.hpp>
 #include <nxmem/host/callback_guard.hpp>
 #include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/completion.hpp>
@@ -16,8 +17,10 @@
 #include <nxmem/host/reclaim.hpp>
 #include <nxmem/host/shared_prefix.hpp>
 #include <nxmem/concepts/shared_mapping.hpp>
+#include <nxmem/usage.hpp>
 
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,6 +30,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+
 
 namespace nxmem::host::detail {
 
@@ -338,6 +342,21 @@ public:
         return prefix_commit{info.shared_bytes, info.newly_mapped_bytes, info.sharers};
     }
 
+    // The unit of commit and decommit (0 without virtual backing).
+    std::uint64_t commit_granularity() const noexcept { return commit_granularity_; }
+
+    // ---- usage query (minor 2) ----
+
+    result<allocator_usage> query_usage() {
+        if (table_.query_usage == nullptr) {
+            return unsupported("the usage query");
+        }
+        auto usage = abi::make_struct<NxmemAllocatorUsage>();
+        NxmemStatus status = abi::make_status();
+        NXMEM_TRY_VOID(check(table_.query_usage(raw_, &usage, &status), status));
+        return allocator_usage::from_wire(usage);
+    }
+
     bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
     const std::vector<capability_table_level>& capability_tables() const noexcept { return tables_; }
     bool has_shared_mapping() const noexcept { return shared_mapping_.has_value(); }
@@ -370,6 +389,8 @@ private:
         }
         if (copy.table.virtual_backing != nullptr) {
             NXMEM_TRY(backing, read_capability_table(copy.table.virtual_backing, ceiling));
+            NXMEM_TRY(granularity, commit_granularity_of(backing));
+            commit_granularity_ = granularity;
             virtual_backing_ = backing.table;
             tables_.push_back({"virtual-backing", backing.declared_minor, backing.effective_minor});
         }
@@ -536,6 +557,7 @@ private:
     NxmemAllocatorVtable table_{};
     std::uint32_t declared_minor_ = 0;
     std::optional<NxmemVirtualBackingVtable> virtual_backing_;
+    std::uint64_t commit_granularity_ = 0;
     std::optional<NxmemSharedMappingVtable> shared_mapping_;
     std::vector<capability_table_level> tables_;
     device_id device_;

@@ -5,7 +5,9 @@
 #include <nxmem/abi/layout.hpp>
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/detail/hex.hpp>
+#include <nxmem/detail/page_size.hpp>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -32,47 +34,47 @@ template <abi::growable_table T> result<void> check_required_slots(const abi::ta
     return boost::outcome_v2::success();
 }
 
-// Capability flags agree with their slots and tables. A flag whose slots all lie above the
-// effective level is cleared in the local copy: the capability exists, just not at this level.
+// Capability flags are versioned like slots (rules C3, C4, C7 of docs/ABI.md):
+//  - a table declaring a minor newer than this header knows may carry flags this header does not
+//    know: they are cleared in the local copy, as read_prefix drops slots it does not know;
+//  - in a table declaring a minor this header knows, a bit no minor up to the declared one defines
+//    is a contract violation;
+//  - a flag above the effective level (the level both sides speak) is cleared in the copy;
+//  - every remaining flag agrees with its slots and tables.
 inline result<void> check_capabilities(abi::table_copy<NxmemAllocatorVtable>& copy) {
     NxmemAllocatorVtable& table = copy.table;
-    if ((table.capabilities & ~NXMEM_CAP_ALL_V1) != 0) {
+    constexpr std::uint32_t known = abi::known_minor<NxmemAllocatorVtable>();
+    if (copy.declared_minor > known) {
+        table.capabilities &= abi::capabilities_at_minor(known); // a newer minor's flags: not ours
+    }
+    if (const std::uint64_t unknown = table.capabilities & ~abi::capabilities_at_minor(known);
+        unknown != 0) {
         return fail(status_code::contract_violation,
-                    "NxmemAllocatorVtable: unknown capability bits 0x" +
-                        nxmem::detail::to_hex(table.capabilities & ~NXMEM_CAP_ALL_V1));
+                    "NxmemAllocatorVtable: unknown capability bits 0x" + nxmem::detail::to_hex(unknown) +
+                        ": no minor up to the declared one (" + std::to_string(copy.declared_minor) +
+                        ") defines them");
     }
     for (const abi::capability_pair& pair : abi::allocator_capabilities) {
-        const bool flagged = (table.capabilities & pair.flag) != 0;
-        bool any_field = false;
-        bool above_declared = true;
-        bool above_effective = true;
-        for (std::string_view name : pair.fields) {
-            if (name.empty()) {
-                continue;
-            }
-            const abi::field_info* field = abi::find_field<NxmemAllocatorVtable>(name);
-            any_field = true;
-            above_declared = above_declared && field->since > copy.declared_minor;
-            above_effective = above_effective && field->since > copy.effective_minor;
-        }
-        if (!any_field) {
-            continue; // a flag without slots (NXMEM_CAP_HOST_RECLAIM)
-        }
-        if (flagged && above_declared) {
+        if ((table.capabilities & pair.flag) != 0 && pair.since > copy.declared_minor) {
             return fail(status_code::contract_violation,
                         "NxmemAllocatorVtable: " + std::string(pair.flag_name) +
                             " is set but the table declares minor " +
-                            std::to_string(copy.declared_minor) + ", which has no slot for it");
+                            std::to_string(copy.declared_minor) + ", which has no such flag (minor " +
+                            std::to_string(pair.since) + " added it)");
         }
-        if (above_effective) {
-            table.capabilities &= ~pair.flag; // offered, but above the level both sides speak
-            continue;
-        }
+    }
+    table.capabilities &= abi::capabilities_at_minor(copy.effective_minor);
+    for (const abi::capability_pair& pair : abi::allocator_capabilities) {
+        const bool flagged = (table.capabilities & pair.flag) != 0;
         for (std::string_view name : pair.fields) {
             if (name.empty()) {
-                continue;
+                continue; // a flag without slots (NXMEM_CAP_HOST_RECLAIM)
             }
-            const bool set = slot_is_set(table, *abi::find_field<NxmemAllocatorVtable>(name));
+            const abi::field_info& field = *abi::find_field<NxmemAllocatorVtable>(name);
+            if (field.since > copy.effective_minor) {
+                continue; // read_prefix dropped the slot; the flag was cleared above
+            }
+            const bool set = slot_is_set(table, field);
             if (flagged != set) {
                 return fail(status_code::contract_violation,
                             "NxmemAllocatorVtable: " + std::string(pair.flag_name) + " is " +
@@ -90,6 +92,21 @@ result<abi::table_copy<T>> read_capability_table(const T* untrusted, std::uint32
     NXMEM_TRY(copy, abi::read_prefix<T>(untrusted, negotiated_minor));
     NXMEM_TRY_VOID(check_required_slots(copy));
     return copy;
+}
+
+// The unit of commit and decommit a virtual-backing table states: from minor 2 on, its
+// commit_granularity, which must be a power of two; before it, the host's page (rule G1, G2).
+inline result<std::uint64_t> commit_granularity_of(const abi::table_copy<NxmemVirtualBackingVtable>& backing) {
+    if (backing.effective_minor < 2) {
+        return nxmem::detail::system_page_bytes();
+    }
+    const std::uint64_t granularity = backing.table.commit_granularity;
+    if (!std::has_single_bit(granularity)) {
+        return fail(status_code::contract_violation,
+                    "NxmemVirtualBackingVtable: commit_granularity " + std::to_string(granularity) +
+                        " is not a power of two");
+    }
+    return granularity;
 }
 
 // The release slot of a table the host refuses, if it can be located without trusting more of
