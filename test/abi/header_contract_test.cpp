@@ -45,7 +45,8 @@ constexpr std::uint32_t frozen_through_minor = 2;
 
 const char* const abi_is_frozen =
     "The nxmem C ABI (major 1, minors 0 to 2) is FROZEN: plugins already compiled against it "
-    "depend on every struct size, offset, field size, minor and slot name in "
+    "depend on every struct size, offset, field size and type, minor, slot name and slot "
+    "signature in "
     "test/abi/golden_layout.txt. Do not move, resize, rename or remove anything; add new fields "
     "only by appending them at the end of a struct under a new minor. Never edit the golden file "
     "except to append a new minor.";
