@@ -3,14 +3,17 @@
 //    in nxmem/abi/layout.hpp (the one table everything else derives from);
 //  - a C compiler agrees with the annotations too, through generated _Static_asserts;
 //  - the header compiles alone as C11, and so does the C example plugin against it alone;
-//  - the layout of minors 0 to 2 is frozen: it matches test/abi/golden_layout.txt line for line.
+//  - the layout of minors 0 to 2 is frozen: it matches test/abi/golden_layout.txt line for line,
+//    each field's declared type and each slot's signature included.
 //
 // Environment (set by test/meson.build): NXMEM_C_COMPILER, NXMEM_INCLUDE_DIR, NXMEM_GOLDEN_LAYOUT,
 // NXMEM_C_EXAMPLE, NXMEM_SCRATCH_DIR. A missing variable, or a C compiler that cannot be run, is a
 // failure, never a skip: a contract check that silently did not run is worse than none.
 //
-// To print the golden dump of the current header (when appending a new minor), run the hidden
-// test by hand:  NXMEM_GOLDEN_OUT=/tmp/golden.txt header_contract_tests "[golden-dump]"
+// When appending a new minor, raise frozen_through_minor and run scripts/abi-baseline: it writes
+// the golden dump of the current header through the hidden test
+//   NXMEM_INCLUDE_DIR=include NXMEM_GOLDEN_OUT=FILE header_contract_tests "[golden-dump]"
+// and refuses a dump that drops or changes a committed line.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 with -fsanitize=address reports a false maybe-uninitialized inside <regex> (GCC bug
 // 105562); see test/support/catch_main.cpp.
@@ -40,7 +43,7 @@
 namespace {
 
 // The newest minor the golden file freezes. Raise it only together with appending that minor's
-// lines to golden_layout.txt.
+// lines to golden_layout.txt (scripts/abi-baseline does the appending).
 constexpr std::uint32_t frozen_through_minor = 2;
 
 const char* const abi_is_frozen =
