@@ -3,14 +3,17 @@
 //    in nxmem/abi/layout.hpp (the one table everything else derives from);
 //  - a C compiler agrees with the annotations too, through generated _Static_asserts;
 //  - the header compiles alone as C11, and so does the C example plugin against it alone;
-//  - the layout of minors 0 to 2 is frozen: it matches test/abi/golden_layout.txt line for line.
+//  - the layout of minors 0 to 2 is frozen: it matches test/abi/golden_layout.txt line for line,
+//    each field's declared type and each slot's signature included.
 //
 // Environment (set by test/meson.build): NXMEM_C_COMPILER, NXMEM_INCLUDE_DIR, NXMEM_GOLDEN_LAYOUT,
 // NXMEM_C_EXAMPLE, NXMEM_SCRATCH_DIR. A missing variable, or a C compiler that cannot be run, is a
 // failure, never a skip: a contract check that silently did not run is worse than none.
 //
-// To print the golden dump of the current header (when appending a new minor), run the hidden
-// test by hand:  NXMEM_GOLDEN_OUT=/tmp/golden.txt header_contract_tests "[golden-dump]"
+// When appending a new minor, raise frozen_through_minor and run scripts/abi-baseline: it writes
+// the golden dump of the current header through the hidden test
+//   NXMEM_INCLUDE_DIR=include NXMEM_GOLDEN_OUT=FILE header_contract_tests "[golden-dump]"
+// and refuses a dump that drops or changes a committed line.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 with -fsanitize=address reports a false maybe-uninitialized inside <regex> (GCC bug
 // 105562); see test/support/catch_main.cpp.
@@ -40,12 +43,13 @@
 namespace {
 
 // The newest minor the golden file freezes. Raise it only together with appending that minor's
-// lines to golden_layout.txt.
+// lines to golden_layout.txt (scripts/abi-baseline does the appending).
 constexpr std::uint32_t frozen_through_minor = 2;
 
 const char* const abi_is_frozen =
     "The nxmem C ABI (major 1, minors 0 to 2) is FROZEN: plugins already compiled against it "
-    "depend on every struct size, offset, field size, minor and slot name in "
+    "depend on every struct size, offset, field size and type, minor, slot name and slot "
+    "signature in "
     "test/abi/golden_layout.txt. Do not move, resize, rename or remove anything; add new fields "
     "only by appending them at the end of a struct under a new minor. Never edit the golden file "
     "except to append a new minor.";
@@ -159,6 +163,7 @@ struct annotated_field {
     std::size_t size = 0;
     std::uint32_t since = 0;
     std::size_t line = 0;
+    std::string declared_type; // the declaration's type as the header spells it, normalised
 };
 
 struct annotated_struct {
@@ -173,6 +178,9 @@ struct annotated_struct {
 struct parsed_header {
     std::vector<annotated_struct> structs;
     std::vector<std::string> problems; // annotations that contradict the text they annotate
+    // Every function pointer typedef of the header: its name and its signature without parameter
+    // names, e.g. NxmemRetainFn -> "void (NxmemAllocatorVtable *)".
+    std::map<std::string, std::string> function_types;
 };
 
 std::size_t to_size(const std::string& digits) {
@@ -180,6 +188,65 @@ std::size_t to_size(const std::string& digits) {
 }
 std::uint32_t to_u32(const std::string& digits) {
     return static_cast<std::uint32_t>(std::stoul(digits));
+}
+
+// The type text with single spaces between words and pointers spelt `T *` / `T **`, so that the
+// golden text does not depend on how the header is formatted.
+std::string normalise_type(const std::string& text) {
+    std::string spaced;
+    for (char c : text) {
+        spaced += c == '*' ? std::string(" * ") : std::string(1, c);
+    }
+    std::string out;
+    std::istringstream words(spaced);
+    for (std::string word; words >> word;) {
+        const bool star_after_star = word == "*" && !out.empty() && out.back() == '*';
+        if (!out.empty() && !star_after_star) {
+            out += ' ';
+        }
+        out += word;
+    }
+    return out;
+}
+
+// A parameter declaration without its name: "const NxmemRangeRequest *request" ->
+// "const NxmemRangeRequest *". Parameter names are not part of the ABI.
+std::string parameter_type(const std::string& parameter) {
+    // The last word is a name unless it is all there is, follows only a qualifier or `struct`, or
+    // is itself a C type keyword (an unnamed `unsigned int`).
+    static const std::regex named(R"(^(.*[\s*])(\w+)$)");
+    static const std::set<std::string> not_a_name = {"void", "char", "short", "int", "long",
+                                                     "float", "double", "signed", "unsigned"};
+    std::smatch match;
+    const std::string trimmed = normalise_type(parameter);
+    if (std::regex_match(trimmed, match, named) && not_a_name.count(match[2].str()) == 0) {
+        const std::string type = normalise_type(match[1].str());
+        if (type != "const" && type != "struct" && type != "volatile") {
+            return type;
+        }
+    }
+    return trimmed;
+}
+
+// Every `typedef RET (*NAME)(PARAMS);` of the header text, comments removed first.
+std::map<std::string, std::string> parse_function_types(const std::string& text) {
+    static const std::regex comment(R"(/\*[\s\S]*?\*/)");
+    static const std::regex function_typedef(
+        R"(typedef\s+([^;(]*?)\(\s*\*\s*(\w+)\s*\)\s*\(([^;]*?)\)\s*;)");
+    const std::string code = std::regex_replace(text, comment, " ");
+    std::map<std::string, std::string> types;
+    for (auto it = std::sregex_iterator(code.begin(), code.end(), function_typedef);
+         it != std::sregex_iterator(); ++it) {
+        std::string signature = normalise_type((*it)[1].str()) + " (";
+        std::istringstream parameters((*it)[3].str());
+        bool first = true;
+        for (std::string parameter; std::getline(parameters, parameter, ',');) {
+            signature += (first ? "" : ", ") + parameter_type(parameter);
+            first = false;
+        }
+        types[(*it)[2].str()] = signature + ")";
+    }
+    return types;
 }
 
 // Reads the annotations and checks that they annotate what they claim: each @layout is followed
@@ -245,6 +312,13 @@ parsed_header parse_header(const std::string& text) {
                 // The declarator must be the field's own name: `type name;` or `type name[N];`
                 // (also `type *name;`), with nothing after it but the annotation.
                 const std::regex declares(R"((^|[^\w]))" + name + R"(\s*(\[[^\]]*\])?\s*;\s*$)");
+                const std::regex type_of(R"(^\s*(.*?)\b)" + name +
+                                         R"(\s*(\[[^\]]*\])?\s*;\s*$)");
+                std::smatch declared;
+                std::string declared_type;
+                if (std::regex_match(code, declared, type_of)) {
+                    declared_type = normalise_type(declared[1].str() + declared[2].str());
+                }
                 if (!std::regex_search(code, declares)) {
                     parsed.problems.push_back(
                         where_at(i) + ": @field " + name +
@@ -252,7 +326,8 @@ parsed_header parse_header(const std::string& text) {
                 }
                 parsed.structs.back().fields.push_back({name, to_size(match[2].str()),
                                                         to_size(match[3].str()),
-                                                        to_u32(match[4].str()), i + 1});
+                                                        to_u32(match[4].str()), i + 1,
+                                                        declared_type});
             } else if (has_code) {
                 parsed.problems.push_back(
                     where_at(i) + ": a declaration in " + parsed.structs.back().name +
@@ -275,12 +350,16 @@ parsed_header parse_header(const std::string& text) {
     if (where != state::outside) {
         parsed.problems.push_back("the last annotated struct is never closed");
     }
+    parsed.function_types = parse_function_types(text);
     return parsed;
 }
 
+std::string read_header_file() {
+    return read_text_file(require_env("NXMEM_INCLUDE_DIR") + "/nxmem/nxmem_memory_abi.h");
+}
+
 parsed_header parse_header_file() {
-    const std::string path = require_env("NXMEM_INCLUDE_DIR") + "/nxmem/nxmem_memory_abi.h";
-    return parse_header(read_text_file(path));
+    return parse_header(read_header_file());
 }
 
 // ---- the layout as the compiler and the C++ table state it --------------------------------------
@@ -291,6 +370,7 @@ struct table_field {
     std::size_t size = 0;
     std::uint32_t since = 0;
     std::string role;
+    std::string type; // ` type="..."`, plus ` signature="..."` for a slot; from the header's text
 };
 
 struct table_struct {
@@ -326,7 +406,7 @@ template <class T> table_struct describe_struct() {
         described.since = first ? field.since : std::min(described.since, field.since);
         first = false;
         described.fields.push_back({std::string(field.name), field.offset, field.size, field.since,
-                                    role_name(field.role)});
+                                    role_name(field.role), {}});
     }
     return described;
 }
@@ -340,6 +420,35 @@ std::vector<table_struct> describe_all_structs() {
     return all;
 }
 
+// The C++ table, each field with the type the header declares it with and, for a slot, the full
+// signature of its function type: a slot whose signature changes keeps its offset and size, and
+// only this text catches it without abidiff.
+std::vector<table_struct> describe_contract(const std::string& header_text) {
+    std::vector<table_struct> table = describe_all_structs();
+    const parsed_header header = parse_header(header_text);
+    for (table_struct& s : table) {
+        const auto annotated =
+            std::find_if(header.structs.begin(), header.structs.end(),
+                         [&](const annotated_struct& a) { return a.name == s.name; });
+        for (table_field& f : s.fields) {
+            std::string declared = "(not annotated in the header)";
+            if (annotated != header.structs.end()) {
+                for (const annotated_field& a : annotated->fields) {
+                    if (a.name == f.name && !a.declared_type.empty()) {
+                        declared = a.declared_type;
+                    }
+                }
+            }
+            f.type = " type=\"" + declared + "\"";
+            const auto function_type = header.function_types.find(declared);
+            if (function_type != header.function_types.end()) {
+                f.type += " signature=\"" + function_type->second + "\"";
+            }
+        }
+    }
+    return table;
+}
+
 // ---- the golden dump ---------------------------------------------------------------------------
 
 std::string struct_line(const table_struct& s) {
@@ -350,7 +459,7 @@ std::string struct_line(const table_struct& s) {
 std::string field_line(const table_struct& s, const table_field& f) {
     return s.name + "." + f.name + " offset=" + std::to_string(f.offset) +
            " size=" + std::to_string(f.size) + " since=" + std::to_string(f.since) +
-           " role=" + f.role;
+           " role=" + f.role + f.type;
 }
 
 const char* const golden_preamble =
@@ -359,16 +468,21 @@ const char* const golden_preamble =
     "# This file is the ABI freeze. Plugins already compiled against nxmem_memory_abi.h depend on\n"
     "# every line below; test/abi/header_contract_test.cpp fails if any of them changes. Never\n"
     "# edit, reorder or remove a line. The only permitted change is appending the lines of a new\n"
-    "# minor (new structs, or fields appended at the end of a struct), generated with\n"
-    "#   NXMEM_GOLDEN_OUT=FILE header_contract_tests \"[golden-dump]\"\n"
-    "# after raising frozen_through_minor in the test.\n"
+    "# minor (new structs, or fields appended at the end of a struct), generated by\n"
+    "#   scripts/abi-baseline\n"
+    "# after raising frozen_through_minor in the test (it runs header_contract_tests\n"
+    "# \"[golden-dump]\" with NXMEM_GOLDEN_OUT set, and refuses a dump that drops a line).\n"
     "#\n"
     "# Format, one line per struct followed by one line per field, in declaration order:\n"
     "#   STRUCT size=SIZEOF align=ALIGNOF since=MINOR\n"
-    "#   STRUCT.FIELD offset=OFFSET size=SIZEOF since=MINOR role=ROLE\n"
-    "# Offsets and sizes are for 64-bit targets (LP64 and LLP64), as the header states. A "
-    "struct's\n"
-    "# size line may grow only when fields of a newer minor are appended after it.\n";
+    "#   STRUCT.FIELD offset=OFFSET size=SIZEOF since=MINOR role=ROLE type=\"TYPE\"\n"
+    "#   STRUCT.SLOT offset=OFFSET size=SIZEOF since=MINOR role=ROLE type=\"FnTYPEDEF\" "
+    "signature=\"RET (PARAMS)\"\n"
+    "# TYPE is the field's type as the header declares it; a slot (a field whose type is a\n"
+    "# function pointer typedef) also records that typedef's signature without parameter names,\n"
+    "# so a changed slot signature fails even where offsets and sizes stay the same. Offsets and\n"
+    "# sizes are for 64-bit targets (LP64 and LLP64), as the header states. A struct's size line\n"
+    "# may grow only when fields of a newer minor are appended after it.\n";
 
 // The golden dump of the current C++ table, restricted to fields of minors up to `through`.
 std::vector<std::string> dump_layout(const std::vector<table_struct>& structs,
@@ -378,7 +492,17 @@ std::vector<std::string> dump_layout(const std::vector<table_struct>& structs,
         if (s.since > through) {
             continue;
         }
-        lines.push_back(struct_line(s));
+        // The size the struct had at minor `through`: the end of its last field of that minor,
+        // rounded up to its alignment. Fields of newer minors grow sizeof, not the frozen size.
+        table_struct frozen = s;
+        frozen.size = 0;
+        for (const table_field& f : s.fields) {
+            if (f.since <= through) {
+                frozen.size = std::max(frozen.size, f.offset + f.size);
+            }
+        }
+        frozen.size = (frozen.size + s.align - 1) / s.align * s.align;
+        lines.push_back(struct_line(frozen));
         for (const table_field& f : s.fields) {
             if (f.since <= through) {
                 lines.push_back(field_line(s, f));
@@ -535,13 +659,14 @@ TEST_CASE("the C example compiles against only the header", "[abi][header][c]") 
 
 TEST_CASE("the frozen layout of minors 0 to 2 has not changed", "[abi][header][golden]") {
     const std::string golden_path = require_env("NXMEM_GOLDEN_LAYOUT");
-    const std::vector<table_struct> table = describe_all_structs();
+    const std::vector<table_struct> table = describe_contract(read_header_file());
     const std::vector<std::string> current_lines = dump_layout(table, frozen_through_minor);
     const std::set<std::string> current(current_lines.begin(), current_lines.end());
 
     static const std::regex struct_re(R"(^(\w+) size=(\d+) align=(\d+) since=(\d+)$)");
     static const std::regex field_re(
-        R"(^(\w+)\.(\w+) offset=(\d+) size=(\d+) since=(\d+) role=(\w+)$)");
+        R"(^(\w+)\.(\w+) offset=(\d+) size=(\d+) since=(\d+) role=(\w+) type="[^"]+")"
+        R"(( signature="[^"]+")?$)");
 
     std::map<std::string, golden_struct> golden_structs;
     std::set<std::string> golden_fields; // "Struct.field"
@@ -637,11 +762,57 @@ TEST_CASE("the frozen layout of minors 0 to 2 has not changed", "[abi][header][g
     }
 }
 
+TEST_CASE("slot signatures are read from the header's text, without parameter names",
+          "[abi][header][golden]") {
+    const std::map<std::string, std::string> types = parse_function_types(
+        "typedef NxmemStatusCode (*AFn)(NxmemAllocatorVtable *self,\n"
+        "    const NxmemAllocation* allocation, /* why */ uint64_t ticket, NxmemStatus *status);\n"
+        "typedef void (*BFn)(void);\n"
+        "typedef void(*CFn)(unsigned int, char ** argv, const struct S *);\n");
+    REQUIRE(types.size() == 3);
+    CHECK(types.at("AFn") ==
+          "NxmemStatusCode (NxmemAllocatorVtable *, const NxmemAllocation *, uint64_t, "
+          "NxmemStatus *)");
+    CHECK(types.at("BFn") == "void (void)");
+    CHECK(types.at("CFn") == "void (unsigned int, char **, const struct S *)");
+}
+
+TEST_CASE("a changed slot signature changes the golden dump, offsets unchanged",
+          "[abi][header][golden]") {
+    // The negative control of the golden check for signatures: the same header with one slot
+    // parameter narrowed (same size, same offsets) must produce a line the golden file lacks.
+    const std::string header = read_header_file();
+    const std::string original = "uint64_t *retired";
+    const std::size_t at = header.find(original);
+    REQUIRE(at != std::string::npos);
+    std::string changed = header;
+    changed.replace(at, original.size(), "uint32_t *retired");
+
+    const std::vector<std::string> before =
+        dump_layout(describe_contract(header), frozen_through_minor);
+    const std::vector<std::string> after =
+        dump_layout(describe_contract(changed), frozen_through_minor);
+    REQUIRE(before.size() == after.size());
+    std::vector<std::string> differing;
+    for (std::size_t i = 0; i < before.size(); ++i) {
+        if (before[i] != after[i]) {
+            differing.push_back(after[i]);
+        }
+    }
+    REQUIRE(differing.size() == 1);
+    CHECK(differing[0].rfind("NxmemAllocatorVtable.drain_releases offset=104 size=8 ", 0) == 0);
+    CHECK(differing[0].find("signature=\"NxmemStatusCode (NxmemAllocatorVtable *, uint32_t *, "
+                            "NxmemStatus *)\"") != std::string::npos);
+    const std::string golden = read_text_file(require_env("NXMEM_GOLDEN_LAYOUT"));
+    CHECK(golden.find(differing[0]) == std::string::npos);
+}
+
 // Not run by default: writes the golden dump of the current header to $NXMEM_GOLDEN_OUT.
 TEST_CASE("the golden dump of the current header can be printed", "[.][golden-dump]") {
     const std::string out = require_env("NXMEM_GOLDEN_OUT");
     std::string text = golden_preamble;
-    for (const std::string& line : dump_layout(describe_all_structs(), frozen_through_minor)) {
+    const std::vector<table_struct> table = describe_contract(read_header_file());
+    for (const std::string& line : dump_layout(table, frozen_through_minor)) {
         if (line.find('.') == std::string::npos) {
             text += "\n"; // a blank line before each struct, for the reader
         }
