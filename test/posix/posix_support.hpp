@@ -118,6 +118,20 @@ inline constexpr bool thread_sanitizer = false;
 inline constexpr bool thread_sanitizer = false;
 #endif
 
+// Whether this build runs under AddressSanitizer, which keeps the shadow pages of memory the test
+// touched after that memory is unmapped (one shadow byte per 8: 64 MiB for this test's 512 MiB).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool address_sanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool address_sanitizer = true;
+#else
+inline constexpr bool address_sanitizer = false;
+#endif
+#else
+inline constexpr bool address_sanitizer = false;
+#endif
+
 inline constexpr std::uint64_t mib = 1ull << 20;
 
 } // namespace nxmem::test
