@@ -16,7 +16,9 @@ namespace {
 
 std::uint32_t declared_size(std::span<const std::uint8_t> bytes) {
     std::uint32_t size = 0;
-    std::memcpy(&size, bytes.data(), std::min<std::size_t>(bytes.size(), sizeof size));
+    if (!bytes.empty()) { // an empty span's data() may be NULL, which memcpy may not receive
+        std::memcpy(&size, bytes.data(), std::min<std::size_t>(bytes.size(), sizeof size));
+    }
     return size;
 }
 
@@ -82,8 +84,9 @@ template <class T> void write_one_output(std::span<const std::uint8_t> bytes, in
     const exact_bytes out(bytes, plausible ? std::min<std::size_t>(size, 2 * NXMEM_MAX_STRUCT_SIZE)
                                            : sizeof(std::uint32_t));
     T value{};
-    const auto source = rest.bytes(sizeof(T));
-    std::memcpy(&value, source.data(), source.size());
+    if (const auto source = rest.bytes(sizeof(T)); !source.empty()) {
+        std::memcpy(&value, source.data(), source.size());
+    }
     const std::vector<unsigned char> before(out.data(), out.data() + out.size());
     const auto written = abi::write_output(reinterpret_cast<T*>(out.data()), value);
     if (!written) {

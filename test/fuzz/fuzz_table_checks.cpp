@@ -15,7 +15,9 @@ using nxmem::host::detail::slot_is_set;
 
 std::size_t table_length(std::span<const std::uint8_t> bytes) {
     std::uint32_t size = 0;
-    std::memcpy(&size, bytes.data(), std::min<std::size_t>(bytes.size(), sizeof size));
+    if (!bytes.empty()) { // an empty span's data() may be NULL, which memcpy may not receive
+        std::memcpy(&size, bytes.data(), std::min<std::size_t>(bytes.size(), sizeof size));
+    }
     return size < abi::table_header_bytes ? sizeof(std::uint32_t)
            : size > NXMEM_MAX_STRUCT_SIZE ? abi::table_header_bytes
                                           : size;
