@@ -367,22 +367,22 @@ TEST_CASE("each malformed plugin is refused with its code and fault, unloaded, u
 
 // ---- known host defects: these pass while the host is wrong (see known_host_defects()) ----
 
-TEST_CASE("KNOWN HOST DEFECT (issue 12, defect 1; fixed on branch hostfix): a factory listed twice",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect (issue 12, defect 1): a factory listed twice",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("duplicate_factory_pointer"));
 }
 
-TEST_CASE("KNOWN HOST DEFECT (new): an NxmemNegotiate export that is data is called as code",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: an NxmemNegotiate export that is data is called as code",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("negotiate_is_data"));
 }
 
-TEST_CASE("KNOWN HOST DEFECT (new): an NxmemQueryUnloadReadiness export that is data is accepted",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: an NxmemQueryUnloadReadiness export that is data is accepted",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("query_unload_readiness_is_data"));
 }
 
-TEST_CASE("KNOWN HOST DEFECT (new): a factory name with control bytes is accepted",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: a factory name with control bytes is accepted",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("factory_name_non_printable"));
 }
