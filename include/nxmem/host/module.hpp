@@ -375,6 +375,7 @@ private:
     // dropping it inside the plugin's call, and release_parked drops it later, outside every
     // plugin call. Each queued release reserves its slot when it is enqueued, so parking never
     // allocates.
+
     // Reserves a parking slot for one queued release; throws std::bad_alloc, changing nothing.
     void reserve_parking_slot() {
         std::lock_guard lock(parked_mutex_);

@@ -312,12 +312,18 @@ private:
             // The plugin retired the ticket inside the call (its completion is recorded) and then
             // failed the call: the completion wins, the allocation is gone.
             live_.erase_claimed(described.allocation_id);
-            return fail(status_code::contract_violation,
-                        "'" + mechanism_name_ + "' retired ticket " + std::to_string(ticket) +
-                            " inside enqueue_release and then failed the call with " +
-                            std::string(status_code_name(status_code_from_wire(code))) + ": " +
-                            abi::read_status_message(status) +
-                            "; the release stands and its completion is reported by the next drain");
+            try {
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' retired ticket " + std::to_string(ticket) +
+                                " inside enqueue_release and then failed the call with " +
+                                std::string(status_code_name(status_code_from_wire(code))) + ": " +
+                                abi::read_status_message(status) +
+                                "; the release stands and its completion is reported by the next "
+                                "drain");
+            } catch (...) {
+                // Not OUT_OF_MEMORY: that would say the allocation is still live.
+                return error{status_code::contract_violation, {}};
+            }
         }
         module_->tally_.queued_releases.fetch_sub(1);
         live_.unclaim(described.allocation_id);
