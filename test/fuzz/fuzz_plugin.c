@@ -27,11 +27,11 @@ static size_t script_left;
 NXMEM_PLUGIN_EXPORT void nxmem_fuzz_draw(void *out, size_t count) {
     const size_t taken = count < script_left ? count : script_left;
     memset(out, 0, count);
-    if (taken > 0) {
+    if (taken > 0) { /* an empty script may be a NULL pointer, which must not move */
         memcpy(out, script_bytes, taken);
+        script_bytes += taken;
+        script_left -= taken;
     }
-    script_bytes += taken;
-    script_left -= taken;
 }
 
 static uint8_t draw8(void) {
