@@ -2,5 +2,7 @@
 // of the contract, checked from outside, as a host meets the plugin.
 #pragma once
 
+#include <nxmem/detail/require_cxx20.hpp>
+
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/suite.hpp>

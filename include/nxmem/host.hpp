@@ -2,10 +2,14 @@
 // them through DeviceAllocator, VirtualBacking and SharedMapping, and unload it when idle.
 #pragma once
 
+#include <nxmem/detail/require_cxx20.hpp>
+
 #include <nxmem/concepts.hpp>
 #include <nxmem/heap_allocator.hpp>
 #include <nxmem/host/capability_views.hpp>
 #include <nxmem/host/module.hpp>
 #include <nxmem/host/open_allocator.hpp>
+#include <nxmem/host/owned_allocation.hpp>
+#include <nxmem/host/owned_prefix.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
 #include <nxmem/usage.hpp>

@@ -2,6 +2,8 @@
 // builds the C tables, and NXMEM_EXPORT_PLUGIN.
 #pragma once
 
+#include <nxmem/detail/require_cxx20.hpp>
+
 #include <nxmem/nxmem_memory_abi.h>
 #include <nxmem/plugin/exports.hpp>
 #include <nxmem/plugin/guard.hpp>

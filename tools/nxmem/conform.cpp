@@ -90,8 +90,7 @@ subcommand add_conform(CLI::App& parent) {
         "mechanisms are still checked. Every check reads PASS, FAIL (expected, got) or N/A\n"
         "(why); docs/CONFORMANCE.md lists them with the rule each enforces.\n"
         "\n"
-        "Without PLUGIN arguments: the files and directories (their *.so files) listed in\n"
-        "NXMEM_PLUGIN_PATH, colon-separated; if it is unset, the plugins built with nxmem.\n"
+        + default_plugins_help() +
         "\n"
         "Exit status: 0 when every mechanism conforms, 1 when any check failed, a mechanism\n"
         "crashed or a plugin was refused, 2 on bad usage.");

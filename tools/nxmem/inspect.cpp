@@ -91,8 +91,7 @@ subcommand add_inspect(CLI::App& parent) {
         "capabilities and views, or why the host refused it. Then both unload tallies, the\n"
         "unload itself, and whether the library is really unmapped afterwards.\n"
         "\n"
-        "Without PLUGIN arguments: the files and directories (their *.so files) listed in\n"
-        "NXMEM_PLUGIN_PATH, colon-separated; if it is unset, the plugins built with nxmem.\n"
+        + default_plugins_help() +
         "\n"
         "Exit status: 0 when every plugin loaded (a refused mechanism is reported, not an\n"
         "error), 1 when any plugin was refused, 2 on bad usage.");

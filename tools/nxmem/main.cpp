@@ -2,6 +2,7 @@
 // lives in its own file and registers itself through an add_* function (see subcommand.hpp).
 #include "conform.hpp"
 #include "inspect.hpp"
+#include "plugin_paths.hpp"
 #include "subcommand.hpp"
 
 #include <CLI/CLI.hpp>
@@ -15,7 +16,9 @@ int main(int argc, char** argv) {
 
     CLI::App app{"nxmem: inspect and check memory-allocator plugins built against the nxmem C ABI.",
                  "nxmem"};
-    app.footer("Exit status: 0 on success, 1 when a plugin was refused, 2 on bad usage.\n"
+    app.set_version_flag("--version", version_text(), "Print the nxmem version and the plugin C ABI range it speaks");
+    app.footer(default_plugins_help() +
+               "\nExit status: 0 on success, 1 when a plugin was refused, 2 on bad usage.\n"
                "Run 'nxmem SUBCOMMAND --help' for a subcommand's options.");
     // At most one; none is reported below with the help text, and an unknown word is reported by
     // CLI11 as an unexpected argument rather than as a missing subcommand.

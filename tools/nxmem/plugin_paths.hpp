@@ -1,5 +1,7 @@
 // Which plugins a subcommand looks at when none is named: NXMEM_PLUGIN_PATH when it is set and not
-// empty, else the plugins built with nxmem (their build-tree paths, fixed at build time).
+// empty; else, for an installed nxmem, the installed plugin directory (found relative to the
+// executable, so a staged or moved install works); for the uninstalled nxmem in its build
+// directory, the plugins built with it (their build-tree paths, fixed at build time).
 #pragma once
 
 #include <string>
@@ -18,5 +20,14 @@ struct plugin_list {
 // NXMEM_PLUGIN_PATH is colon-separated; a file entry is taken as is (a missing one is reported
 // when it fails to load), a directory entry contributes its *.so files in name order.
 plugin_list default_plugins();
+
+// The installed plugin directory as this executable sees it.
+std::string installed_plugin_directory();
+
+// The paragraph of the --help footers that says where the plugins come from without arguments.
+std::string default_plugins_help();
+
+// The project version and the ABI range, for --version.
+std::string version_text();
 
 } // namespace nxmem::tool

@@ -5,6 +5,8 @@
 
 #include <nxmem/detail/hex.hpp>
 
+#include <range/v3/view/enumerate.hpp>
+
 #include <cstddef>
 #include <string>
 
@@ -161,12 +163,12 @@ void print_plugin(std::ostream& out, const plugin_report& report) {
 
 void print_text(std::ostream& out, const std::vector<plugin_report>& reports) {
     std::size_t refused = 0;
-    for (std::size_t i = 0; i < reports.size(); ++i) {
+    for (const auto& [i, report] : ranges::views::enumerate(reports)) {
         if (i > 0) {
             out << '\n';
         }
-        print_plugin(out, reports[i]);
-        refused += reports[i].loaded() ? 0 : 1;
+        print_plugin(out, report);
+        refused += report.loaded() ? 0 : 1;
     }
     if (reports.size() > 1) {
         out << '\n'

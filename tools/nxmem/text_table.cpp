@@ -1,5 +1,9 @@
 #include "text_table.hpp"
 
+#include <range/v3/range/conversion.hpp>
+#include <range/v3/view/enumerate.hpp>
+#include <range/v3/view/transform.hpp>
+
 #include <algorithm>
 #include <utility>
 
@@ -13,31 +17,32 @@ void text_table::add_row(std::vector<std::string> cells) {
 }
 
 void text_table::print(std::ostream& out, const std::string& indent) const {
-    std::vector<std::size_t> widths(columns_.size());
-    for (std::size_t i = 0; i < columns_.size(); ++i) {
-        widths[i] = columns_[i].heading.size();
-    }
+    const std::vector<std::string> headings =
+        columns_ | ranges::views::transform(&column::heading) | ranges::to<std::vector>();
+    std::vector<std::size_t> widths =
+        headings | ranges::views::transform(&std::string::size) | ranges::to<std::vector>();
     for (const std::vector<std::string>& row : rows_) {
+        // A short row's last cell spans the remaining columns and widens none of them.
         const bool spans = row.size() < columns_.size();
-        for (std::size_t i = 0; i < row.size(); ++i) {
+        for (const auto& [i, cell] : ranges::views::enumerate(row)) {
             if (!(spans && i + 1 == row.size())) {
-                widths[i] = std::max(widths[i], row[i].size());
+                widths[i] = std::max(widths[i], cell.size());
             }
         }
     }
     const auto print_line = [&](const std::vector<std::string>& cells) {
         std::string line = indent;
-        for (std::size_t i = 0; i < cells.size(); ++i) {
+        for (const auto& [i, cell] : ranges::views::enumerate(cells)) {
             const bool last = i + 1 == cells.size();
-            const std::size_t pad = cells[i].size() < widths[i] ? widths[i] - cells[i].size() : 0;
+            const std::size_t pad = cell.size() < widths[i] ? widths[i] - cell.size() : 0;
             if (i > 0) {
                 line += "  ";
             }
             if (columns_[i].alignment == align::right) {
                 line.append(pad, ' ');
-                line += cells[i];
+                line += cell;
             } else {
-                line += cells[i];
+                line += cell;
                 if (!last) {
                     line.append(pad, ' ');
                 }
@@ -45,10 +50,6 @@ void text_table::print(std::ostream& out, const std::string& indent) const {
         }
         out << line << '\n';
     };
-    std::vector<std::string> headings;
-    for (const column& heading : columns_) {
-        headings.push_back(heading.heading);
-    }
     print_line(headings);
     for (const std::vector<std::string>& row : rows_) {
         print_line(row);

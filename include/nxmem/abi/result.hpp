@@ -1,6 +1,8 @@
 // The error and result types of the C++ side: a status code and the message that explains it.
 #pragma once
 
+#include <nxmem/detail/require_cxx20.hpp>
+
 #include <nxmem/abi/status.hpp>
 
 #include <boost/outcome/result.hpp>
