@@ -640,13 +640,230 @@ struct unmasked_flags_mechanism {
     }
 };
 
+
+// ---- Faults the host must survive (issue 12's host defects) ----
+// Each opens a working kit allocator and patches one slot of its table, so the fault is exactly
+// one misbehaving answer; the slots it does not patch are the kit's and behave.
+
+template <class Base> struct patched_allocator {
+    // The kit's allocator for Base, whose table the caller patches (the kit's table is per object).
+    static result<NxmemAllocatorVtable*> open(const NxmemOpenRequest* request) {
+        if (request == nullptr) {
+            return fail(status_code::invalid_argument, "open request is NULL");
+        }
+        return nxmem::plugin::allocator_object<Base>::open(*request);
+    }
+};
+
+alignas(4096) unsigned char permissive_block[64];
+
+// Says yes to allocation requests the contract forbids (size 0, alignment 0 or not a power of
+// two), with an address of its own: the host must refuse them before asking.
+struct permissive_allocation : eager_mechanism {
+    static constexpr const char* name = "permissive";
+    static constexpr std::uint64_t mechanism_id = 40;
+    static result<std::unique_ptr<permissive_allocation>> open(open_context&) {
+        return std::make_unique<permissive_allocation>();
+    }
+};
+struct permissive_mechanism {
+    static constexpr const char* name = permissive_allocation::name;
+    static constexpr std::uint64_t mechanism_id = permissive_allocation::mechanism_id;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 1;
+    static inline NxmemAllocateFn kit_allocate = nullptr;
+
+    static NxmemStatusCode allocate_anything(NxmemAllocatorVtable* table,
+                                             const NxmemAllocRequest* request,
+                                             NxmemAllocResult* out, NxmemStatus* status) {
+        const std::uint64_t alignment = request->alignment;
+        if (request->size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
+            out->address = reinterpret_cast<std::uint64_t>(&permissive_block[0]);
+            out->size = request->size;
+            return NXMEM_STATUS_OK;
+        }
+        return kit_allocate(table, request, out, status);
+    }
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(table, patched_allocator<permissive_allocation>::open(request));
+            kit_allocate = table->allocate;
+            table->allocate = &allocate_anything;
+            *out = table;
+            return boost::outcome_v2::success();
+        });
+    }
+};
+
+// Deferred release that retires at once (like legacy-1-0, at the current minor).
+struct retiring_allocation : eager_mechanism {
+    result<std::optional<release_outcome>> retire(const allocation_record& record) {
+        give_back_host_memory(record);
+        return std::optional<release_outcome>{release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0}};
+    }
+};
+
+// enqueue_release queues the allocation, retires it at once (the host hears release_completed
+// inside the enqueue call, outside any drain) and then answers `Answer`.
+template <class Allocation, NxmemStatusCode Answer> struct completing_in_enqueue {
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 1;
+    static inline NxmemEnqueueReleaseFn kit_enqueue = nullptr;
+    static inline NxmemDrainReleasesFn kit_drain = nullptr;
+
+    static NxmemStatusCode enqueue_and_retire(NxmemAllocatorVtable* table,
+                                              const NxmemAllocation* allocation,
+                                              std::uint64_t ticket, NxmemStatus* status) {
+        NxmemStatusCode code = kit_enqueue(table, allocation, ticket, status);
+        if (code != NXMEM_STATUS_OK) {
+            return code;
+        }
+        std::uint64_t retired = 0;
+        code = kit_drain(table, &retired, status);
+        if (code != NXMEM_STATUS_OK || Answer == NXMEM_STATUS_OK) {
+            return code;
+        }
+        return nxmem::abi::write_status(status, Answer,
+                                        "retired the ticket, then failed the enqueue (on purpose)");
+    }
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(table, patched_allocator<Allocation>::open(request));
+            kit_enqueue = table->enqueue_release;
+            kit_drain = table->drain_releases;
+            table->enqueue_release = &enqueue_and_retire;
+            *out = table;
+            return boost::outcome_v2::success();
+        });
+    }
+};
+
+struct retire_then_fail_allocation : retiring_allocation {
+    static constexpr const char* name = "retire-then-fail";
+    static constexpr std::uint64_t mechanism_id = 41;
+    static result<std::unique_ptr<retire_then_fail_allocation>> open(open_context&) {
+        return std::make_unique<retire_then_fail_allocation>();
+    }
+};
+struct retire_then_fail_mechanism
+    : completing_in_enqueue<retire_then_fail_allocation, NXMEM_STATUS_INTERNAL_ERROR> {
+    static constexpr const char* name = retire_then_fail_allocation::name;
+    static constexpr std::uint64_t mechanism_id = retire_then_fail_allocation::mechanism_id;
+};
+
+struct early_completion_allocation : retiring_allocation {
+    static constexpr const char* name = "early-completion";
+    static constexpr std::uint64_t mechanism_id = 42;
+    static result<std::unique_ptr<early_completion_allocation>> open(open_context&) {
+        return std::make_unique<early_completion_allocation>();
+    }
+};
+struct early_completion_mechanism
+    : completing_in_enqueue<early_completion_allocation, NXMEM_STATUS_OK> {
+    static constexpr const char* name = early_completion_allocation::name;
+    static constexpr std::uint64_t mechanism_id = early_completion_allocation::mechanism_id;
+};
+
+// Every other drain retires what it can and then fails: a host must keep the completions that
+// such a drain reported for the next one.
+struct failing_drain_allocation : retiring_allocation {
+    static constexpr const char* name = "failing-drain";
+    static constexpr std::uint64_t mechanism_id = 44;
+    static result<std::unique_ptr<failing_drain_allocation>> open(open_context&) {
+        return std::make_unique<failing_drain_allocation>();
+    }
+};
+struct failing_drain_mechanism {
+    static constexpr const char* name = failing_drain_allocation::name;
+    static constexpr std::uint64_t mechanism_id = failing_drain_allocation::mechanism_id;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 1;
+    static inline NxmemDrainReleasesFn kit_drain = nullptr;
+    static inline std::atomic<std::uint64_t> drains{0};
+
+    static NxmemStatusCode drain_then_fail(NxmemAllocatorVtable* table, std::uint64_t* retired,
+                                           NxmemStatus* status) {
+        const NxmemStatusCode code = kit_drain(table, retired, status);
+        if (code != NXMEM_STATUS_OK || drains.fetch_add(1) % 2 != 0) {
+            return code;
+        }
+        return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR,
+                                        "retired what it could, then failed the drain (on purpose)");
+    }
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(table, patched_allocator<failing_drain_allocation>::open(request));
+            kit_drain = table->drain_releases;
+            table->drain_releases = &drain_then_fail;
+            *out = table;
+            return boost::outcome_v2::success();
+        });
+    }
+};
+
+// create_shared_prefix hands back a handle naming another mechanism; release_shared_prefix takes
+// that handle back, so a host that refuses the prefix can still return it.
+constexpr std::uint64_t foreign_mechanism_id = 4343;
+struct foreign_prefix_allocation : lazy_mechanism {
+    static constexpr const char* name = "foreign-prefix";
+    static constexpr std::uint64_t mechanism_id = 43;
+    static result<std::unique_ptr<foreign_prefix_allocation>> open(open_context&) {
+        return std::make_unique<foreign_prefix_allocation>();
+    }
+};
+struct foreign_prefix_mechanism {
+    static constexpr const char* name = foreign_prefix_allocation::name;
+    static constexpr std::uint64_t mechanism_id = foreign_prefix_allocation::mechanism_id;
+    static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr std::uint32_t abi_minor = 1;
+    static inline const NxmemSharedMappingVtable* kit_table = nullptr;
+    static inline NxmemSharedMappingVtable patched_table{};
+
+    static NxmemStatusCode create_foreign(NxmemAllocatorVtable* table,
+                                          const NxmemSharedPrefixRequest* request,
+                                          NxmemSharedPrefixHandle* out, NxmemStatus* status) {
+        const NxmemStatusCode code = kit_table->create_shared_prefix(table, request, out, status);
+        if (code == NXMEM_STATUS_OK) {
+            out->mechanism_id = foreign_mechanism_id;
+        }
+        return code;
+    }
+    static NxmemStatusCode release_foreign(NxmemAllocatorVtable* table,
+                                           const NxmemSharedPrefixHandle* handle,
+                                           NxmemStatus* status) {
+        NxmemSharedPrefixHandle own = *handle;
+        if (own.mechanism_id == foreign_mechanism_id) {
+            own.mechanism_id = mechanism_id;
+        }
+        return kit_table->release_shared_prefix(table, &own, status);
+    }
+    static NxmemStatusCode open_raw(const NxmemOpenRequest* request, NxmemAllocatorVtable** out,
+                                    NxmemStatus* status) {
+        return nxmem::plugin::detail::run_slot(status, [&]() -> result<void> {
+            NXMEM_TRY(table, patched_allocator<foreign_prefix_allocation>::open(request));
+            kit_table = table->shared_mapping;
+            patched_table = *kit_table;
+            patched_table.create_shared_prefix = &create_foreign;
+            patched_table.release_shared_prefix = &release_foreign;
+            table->shared_mapping = &patched_table;
+            *out = table;
+            return boost::outcome_v2::success();
+        });
+    }
+};
 } // namespace
 
 NXMEM_EXPORT_PLUGIN(eager_mechanism, legacy_1_0_mechanism, lazy_mechanism, callback_probe_mechanism,
                     quarantining_mechanism, future_state_mechanism, sticky_mechanism,
                     throwing_mechanism, short_struct_mechanism, overclaiming_mechanism,
                     no_misuse_check_mechanism, lying_capabilities_mechanism, segfaulting_mechanism,
-                    failing_release_mechanism, unmasked_flags_mechanism);
+                    failing_release_mechanism, unmasked_flags_mechanism,
+                    // issue 12's host faults (one block; append others after it)
+                    permissive_mechanism, retire_then_fail_mechanism, early_completion_mechanism,
+                    failing_drain_mechanism, foreign_prefix_mechanism);
 
 // Test-only exports: counters read out of the loaded module itself. A test that read its own
 // statically linked copy of these would observe a different variable and prove nothing.

@@ -820,3 +820,34 @@ TEST_CASE("the golden dump of the current header can be printed", "[.][golden-du
     }
     write_text_file(out, text);
 }
+
+TEST_CASE("the header refuses to compile for a 32-bit target", "[abi][header][c]") {
+    // Rule L4. -ffreestanding: only the compiler's own <stddef.h> and <stdint.h> are needed, so
+    // no 32-bit C library has to be installed; a compiler without a 32-bit x86 target cannot
+    // show the refusal, and the test says so instead of guessing.
+    const std::string compiler = require_env("NXMEM_C_COMPILER");
+    const std::string include_dir = require_env("NXMEM_INCLUDE_DIR");
+    const std::string scratch = require_env("NXMEM_SCRATCH_DIR");
+    const std::string source = scratch + "/header_contract_32_bit.c";
+    write_text_file(source, "#include \"nxmem/nxmem_memory_abi.h\"\n");
+    const auto compile = [&](const std::string& target, const std::string& file, const std::string& stem) {
+        return run_command(compiler + " -std=c11 -ffreestanding -fsyntax-only " + target + " -I " +
+                               shell_quote(include_dir) + " " + shell_quote(file),
+                           scratch + "/" + stem + ".log");
+    };
+    const std::string empty = scratch + "/header_contract_empty.c";
+    write_text_file(empty, "typedef int translation_unit_is_not_empty;\n");
+    const command_result probe = compile("-m32", empty, "header_contract_m32_probe");
+    if (probe.exit_status != 0) {
+        WARN("the C compiler cannot target 32-bit x86 (" << probe.command << "):\n" << probe.output
+                                                          << "so L4 is not checked in this build");
+        return;
+    }
+    const command_result refused = compile("-m32", source, "header_contract_32_bit");
+    INFO("command: " << refused.command);
+    INFO("compiler output:\n" << refused.output);
+    CHECK(refused.exit_status != 0);
+    CHECK(refused.output.find("the nxmem ABI is defined for 64-bit targets only") != std::string::npos);
+    // The control: the same command for this (64-bit) target compiles.
+    require_compiles(compile("", source, "header_contract_64_bit"));
+}

@@ -93,11 +93,14 @@ TEST_CASE("negotiation fixes the highest common minor as the ceiling", "[negotia
 TEST_CASE("every factory is listed once with its name, id and device types", "[factories]") {
     auto module = load_or_fail(test::testplugin_path());
     const auto& factories = module->factories();
-    REQUIRE(factories.size() == 15);
+    REQUIRE(factories.size() == 20);
     for (const char* name : {"eager", "legacy-1-0", "lazy", "callback-probe", "quarantining",
                              "future-state", "sticky", "throwing", "short-struct",
                              "overclaiming", "no-misuse-check", "lying-capabilities",
-                             "segfaulting", "failing-release", "unmasked-flags"}) {
+                             "segfaulting", "failing-release", "unmasked-flags",
+                             // issue 12's host faults
+                             "permissive", "retire-then-fail", "early-completion",
+                             "failing-drain", "foreign-prefix"}) {
         const host::factory_info* factory = module->find_factory(name);
         REQUIRE(factory != nullptr);
         CHECK(factory->mechanism_id != 0);

@@ -56,6 +56,36 @@ public:
         return true;
     }
 
+    // Applies `change(Record&)` to the record at `key` if `match(const Record*)` accepts it, and
+    // returns a copy of the changed record; otherwise returns match's failure.
+    template <class Match, class Change>
+    result<Record> modify(std::uint64_t key, Match&& match, Change&& change) {
+        shard& owner = shard_of(key);
+        std::lock_guard lock(owner.mutex);
+        auto found = owner.records.find(key);
+        NXMEM_TRY_VOID(match(found == owner.records.end() ? nullptr : &found->second));
+        change(found->second);
+        return found->second;
+    }
+
+    // Removes the records one at a time and hands each to `each(key, Record&&)` with no lock
+    // held; allocates nothing, so destructors can use it.
+    template <class Each> void take_each(Each&& each) noexcept {
+        for (shard& owner : shards_) {
+            for (;;) {
+                typename decltype(owner.records)::node_type node;
+                {
+                    std::lock_guard lock(owner.mutex);
+                    if (owner.records.empty()) {
+                        break;
+                    }
+                    node = owner.records.extract(owner.records.begin());
+                }
+                each(node.key(), std::move(node.mapped()));
+            }
+        }
+    }
+
     // Every record, removed.
     std::vector<std::pair<std::uint64_t, Record>> take_all() {
         std::vector<std::pair<std::uint64_t, Record>> all;

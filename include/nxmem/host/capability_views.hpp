@@ -71,19 +71,23 @@ public:
 };
 
 template <Device D> result<virtual_backing_view<D>> plugin_allocator<D>::virtual_backing() const {
-    if (!core_->has_virtual_backing()) {
-        return fail(status_code::unsupported_capability,
-                    "'" + core_->mechanism_name() + "' does not offer virtual backing");
-    }
-    return virtual_backing_view<D>(core_);
+    return detail::contain("virtual_backing", [&]() -> result<virtual_backing_view<D>> {
+        if (!core_->has_virtual_backing()) {
+            return fail(status_code::unsupported_capability,
+                        "'" + core_->mechanism_name() + "' does not offer virtual backing");
+        }
+        return virtual_backing_view<D>(core_);
+    });
 }
 
 template <Device D> result<shared_mapping_view<D>> plugin_allocator<D>::shared_mapping() const {
-    if (!core_->has_shared_mapping()) {
-        return fail(status_code::unsupported_capability,
-                    "'" + core_->mechanism_name() + "' does not offer shared mapping");
-    }
-    return shared_mapping_view<D>(core_);
+    return detail::contain("shared_mapping", [&]() -> result<shared_mapping_view<D>> {
+        if (!core_->has_shared_mapping()) {
+            return fail(status_code::unsupported_capability,
+                        "'" + core_->mechanism_name() + "' does not offer shared mapping");
+        }
+        return shared_mapping_view<D>(core_);
+    });
 }
 
 static_assert(assert_virtual_backing<virtual_backing_view<cpu_device>>());

@@ -9,6 +9,7 @@
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/version.hpp>
+#include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 #include <nxmem/host/factory_info.hpp>
 #include <nxmem/host/load_options.hpp>
@@ -18,11 +19,13 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -65,6 +68,12 @@ public:
     // fails any step is refused with the reason and unloaded before this returns.
     static result<std::shared_ptr<plugin_module>> load(const std::filesystem::path& path,
                                                        const load_options& options = {}) {
+        return detail::contain("load", [&] { return load_unguarded(path, options); });
+    }
+
+private:
+    static result<std::shared_ptr<plugin_module>> load_unguarded(const std::filesystem::path& path,
+                                                                 const load_options& options) {
         boost::dll::fs::error_code failure;
         boost::dll::shared_library library(path, boost::dll::load_mode::rtld_now |
                                                      boost::dll::load_mode::rtld_local,
@@ -97,6 +106,7 @@ public:
         return module;
     }
 
+public:
     plugin_module(private_tag, boost::dll::shared_library library, std::filesystem::path path,
                   abi::version_range host_range)
         : library_(std::move(library)), path_(std::move(path)), host_range_(host_range) {
@@ -129,25 +139,66 @@ public:
         return nullptr;
     }
 
-    // The plugin's report and the host's tally, side by side.
-    result<unload_readiness> readiness() const {
-        if (state_.load() == state::unloaded) {
-            return fail(status_code::invalid_argument, path_.string() + " is already unloaded");
-        }
-        NXMEM_TRY(reported, query_plugin());
-        return unload_readiness{reported, tally_.snapshot()};
+    // The plugin's report and the host's tally, side by side. Allocators the engine has let go of,
+    // whose queued releases have all retired, are released first.
+    result<unload_readiness> readiness() {
+        release_parked();
+        return detail::contain("readiness", [&]() -> result<unload_readiness> {
+            if (state_.load() == state::unloaded) {
+                return fail(status_code::invalid_argument, path_.string() + " is already unloaded");
+            }
+            NXMEM_TRY(reported, query_plugin());
+            return unload_readiness{reported, tally_.snapshot()};
+        });
     }
 
     // Unloads when both tallies are zero: the plugin is asked first, always, then the host's own
     // counters, so a refusal carries both and a plugin that misreports is visible. After success
     // the factories are released and the library is really unmapped.
+    // Allocators the engine has let go of, whose queued releases have all retired, are released
+    // first. Whatever fails (out of memory included), the module is left loaded, never half-way.
     result<void> try_unload() {
-        state expected = state::loaded;
-        if (!state_.compare_exchange_strong(expected, state::unloading)) {
-            return fail(status_code::busy, path_.string() + (expected == state::unloaded
-                                                                 ? " is already unloaded"
-                                                                 : " is being unloaded"));
+        release_parked();
+        return detail::contain("try_unload", [&]() -> result<void> {
+            state expected = state::loaded;
+            if (!state_.compare_exchange_strong(expected, state::unloading)) {
+                return fail(status_code::busy, path_.string() + (expected == state::unloaded
+                                                                     ? " is already unloaded"
+                                                                     : " is being unloaded"));
+            }
+            try {
+                return unload_if_idle();
+            } catch (...) {
+                state_.store(state::loaded);
+                throw;
+            }
+        });
+    }
+
+    // A pin for an execution context's lifetime; refused once the module is unloading.
+    result<module_pin> pin() {
+        tally_.pins.fetch_add(1);
+        if (state_.load() != state::loaded) {
+            tally_.pins.fetch_sub(1);
+            return detail::contain("pin", [&]() -> result<module_pin> {
+                return fail(status_code::busy, path_.string() + " is not loaded");
+            });
         }
+        return module_pin(shared_from_this());
+    }
+
+private:
+    friend class module_pin;
+    friend class detail::allocator_core;
+    enum class state { loading, loaded, unloading, unloaded };
+
+    struct factory_entry {
+        NxmemAllocatorFactoryVtable* raw = nullptr; // the plugin's pointer, released exactly once
+        NxmemAllocatorFactoryVtable table{};        // the bounded local copy
+    };
+
+    // try_unload's body, with the module marked unloading.
+    result<void> unload_if_idle() {
         result<plugin_counts> reported = query_plugin();
         if (!reported) {
             state_.store(state::loaded);
@@ -165,26 +216,6 @@ public:
         state_.store(state::unloaded);
         return boost::outcome_v2::success();
     }
-
-    // A pin for an execution context's lifetime; refused once the module is unloading.
-    result<module_pin> pin() {
-        tally_.pins.fetch_add(1);
-        if (state_.load() != state::loaded) {
-            tally_.pins.fetch_sub(1);
-            return fail(status_code::busy, path_.string() + " is not loaded");
-        }
-        return module_pin(shared_from_this());
-    }
-
-private:
-    friend class module_pin;
-    friend class detail::allocator_core;
-    enum class state { loading, loaded, unloading, unloaded };
-
-    struct factory_entry {
-        NxmemAllocatorFactoryVtable* raw = nullptr; // the plugin's pointer, released exactly once
-        NxmemAllocatorFactoryVtable table{};        // the bounded local copy
-    };
 
     result<void> negotiate() {
         auto request = abi::make_struct<NxmemNegotiateRequest>();
@@ -209,6 +240,8 @@ private:
     result<void> read_factories() {
         std::array<NxmemAllocatorFactoryVtable*, NXMEM_MAX_FACTORIES> raw{};
         std::uint32_t count = 0;
+        // Room for every factory before the plugin hands any over: recording them cannot fail.
+        entries_.reserve(raw.size());
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code =
             create_factories_(raw.data(), static_cast<std::uint32_t>(raw.size()), &count, &status);
@@ -222,9 +255,27 @@ private:
                         path_.string() + " reported " + std::to_string(count) +
                             " factories with a capacity of " + std::to_string(raw.size()));
         }
-        // Own every pointer first, so each is released exactly once whatever is refused below.
+        // Own every distinct pointer first, so each is released exactly once whatever is refused
+        // below; a pointer listed twice is refused, and released once.
+        std::uint32_t duplicate = 0;
+        std::uint32_t duplicated = 0;
         for (std::uint32_t i = 0; i < count; ++i) {
-            entries_.push_back({raw[i], {}});
+            std::uint32_t earlier = 0;
+            while (earlier < i && raw[earlier] != raw[i]) {
+                ++earlier;
+            }
+            if (earlier == i || raw[i] == nullptr) {
+                entries_.push_back({raw[i], {}});
+            } else if (duplicate == 0) {
+                duplicate = i;
+                duplicated = earlier;
+            }
+        }
+        if (duplicate != 0) {
+            return fail(status_code::contract_violation,
+                        path_.string() + ": factory " + std::to_string(duplicate) +
+                            " is the same pointer as factory " + std::to_string(duplicated) +
+                            " (each factory is listed once)");
         }
         std::set<std::string> names;
         std::set<std::uint64_t> ids;
@@ -268,9 +319,13 @@ private:
         for (factory_entry& entry : entries_) {
             NxmemReleaseFactoryFn release = entry.table.release;
             if (release == nullptr) {
-                result<abi::table_copy<NxmemAllocatorFactoryVtable>> copy =
-                    abi::read_prefix<NxmemAllocatorFactoryVtable>(entry.raw, version_.minor);
-                release = copy ? copy.value().table.release : nullptr;
+                try { // a table read without allocating; only a refusal's message allocates
+                    result<abi::table_copy<NxmemAllocatorFactoryVtable>> copy =
+                        abi::read_prefix<NxmemAllocatorFactoryVtable>(entry.raw, version_.minor);
+                    release = copy ? copy.value().table.release : nullptr;
+                } catch (...) {
+                    release = nullptr; // a refused table: its release slot cannot be trusted
+                }
             }
             if (release != nullptr) {
                 release(entry.raw);
@@ -307,8 +362,52 @@ private:
     NxmemNegotiateFn negotiate_ = nullptr;
     NxmemCreateAllocatorFactoriesFn create_factories_ = nullptr;
     NxmemQueryUnloadReadinessFn query_unload_readiness_ = nullptr;
+    // Allocators kept alive only by a queued release that retired while no drain ran (a completion
+    // may arrive on any thread, inside any call): the completion parks the pin here instead of
+    // dropping it inside the plugin's call, and release_parked drops it later, outside every
+    // plugin call. Each queued release reserves its slot when it is enqueued, so parking never
+    // allocates.
+    // Reserves a parking slot for one queued release; throws std::bad_alloc, changing nothing.
+    void reserve_parking_slot() {
+        std::lock_guard lock(parked_mutex_);
+        const std::size_t needed = parked_.size() + parking_reserved_ + 1;
+        if (parked_.capacity() < needed) {
+            parked_.reserve(std::max(needed, 2 * parked_.capacity()));
+        }
+        ++parking_reserved_;
+    }
+    void cancel_parking_slot() noexcept {
+        std::lock_guard lock(parked_mutex_);
+        --parking_reserved_;
+    }
+    void park(std::shared_ptr<detail::allocator_core>&& pin) noexcept {
+        std::lock_guard lock(parked_mutex_);
+        parked_.push_back(std::move(pin)); // within the reserved capacity
+        --parking_reserved_;
+    }
+
+public:
+    // Drops the parked pins one at a time, no lock held while an allocator is released.
+    void release_parked() noexcept {
+        for (;;) {
+            std::shared_ptr<detail::allocator_core> pin;
+            {
+                std::lock_guard lock(parked_mutex_);
+                if (parked_.empty()) {
+                    return;
+                }
+                pin = std::move(parked_.back());
+                parked_.pop_back();
+            }
+        }
+    }
+
+private:
     std::vector<factory_entry> entries_;
     std::vector<factory_info> factories_;
+    std::mutex parked_mutex_;
+    std::vector<std::shared_ptr<detail::allocator_core>> parked_;
+    std::size_t parking_reserved_ = 0;
     detail::host_tally tally_;
     std::atomic<std::uint64_t> next_allocation_id_{1};
     std::atomic<state> state_{state::loading};

@@ -18,9 +18,11 @@ result<plugin_allocator<D>> open_by_name(const std::shared_ptr<plugin_module>& m
                                          std::string_view options, reclaim_function reclaim) {
     const factory_info* factory = module->find_factory(factory_name);
     if (factory == nullptr) {
-        return fail(status_code::invalid_argument, module->path().string() +
-                                                       " has no mechanism called '" +
-                                                       std::string(factory_name) + "'");
+        return contain("open", [&]() -> result<plugin_allocator<D>> {
+            return fail(status_code::invalid_argument, module->path().string() +
+                                                           " has no mechanism called '" +
+                                                           std::string(factory_name) + "'");
+        });
     }
     NXMEM_TRY(core, allocator_core::open(module, *factory, device_id{D::type, index}, options,
                                          std::move(reclaim)));

@@ -11,6 +11,7 @@
 #include <nxmem/host/callback_guard.hpp>
 #include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/completion.hpp>
+#include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/live_table.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 #include <nxmem/host/module.hpp>
@@ -43,6 +44,15 @@ public:
                                                         const factory_info& factory,
                                                         device_id device, std::string_view options,
                                                         reclaim_function reclaim) {
+        return contain("open", [&] {
+            return open_unguarded(std::move(module), factory, device, options, std::move(reclaim));
+        });
+    }
+
+private:
+    static result<std::shared_ptr<allocator_core>> open_unguarded(
+        std::shared_ptr<plugin_module> module, const factory_info& factory, device_id device,
+        std::string_view options, reclaim_function reclaim) {
         if (!factory.serves(device.type)) {
             return fail(status_code::wrong_device,
                         "mechanism '" + factory.name + "' does not serve device type " +
@@ -78,7 +88,15 @@ public:
             return fail(status_code_from_wire(code),
                         "'" + factory.name + "' refused to open: " + abi::read_status_message(status));
         }
-        result<void> accepted = core->accept(raw);
+        // From here the host owes the plugin this table's release, whatever fails.
+        result<void> accepted = [&]() -> result<void> {
+            try {
+                return core->accept(raw);
+            } catch (...) {
+                abandon(raw);
+                throw;
+            }
+        }();
         if (!accepted) {
             abandon(raw);
             return fail(accepted.error().code, "'" + factory.name + "' handed back an allocator "
@@ -88,10 +106,12 @@ public:
         return core;
     }
 
+public:
     allocator_core(private_tag, std::shared_ptr<plugin_module> module, const factory_info& factory,
                    device_id device, reclaim_function reclaim)
         : module_(std::move(module)), reclaim_(std::move(reclaim)), device_(device),
           mechanism_id_(factory.mechanism_id), mechanism_name_(factory.name) {
+        tables_.reserve(2); // accept() records the capability tables without allocating
         module_->tally_.allocators.fetch_add(1);
         callbacks_ = abi::make_struct<NxmemHostCallbacks>();
         callbacks_.abi_minor = abi::known_minor<NxmemHostCallbacks>(); // the slots it fills
@@ -105,17 +125,20 @@ public:
     allocator_core& operator=(const allocator_core&) = delete;
 
     // Leftover allocations go back first, then the plugin's reference; the callback table is
-    // still alive throughout, and the module (declared first) outlives both.
+    // still alive throughout, and the module (declared first) outlives both. Allocates nothing.
+    // The prefix references the engine still held from this allocator go with it: the plugin
+    // drops them when the allocator is released.
     ~allocator_core() {
         if (raw_ != nullptr) {
-            for (const auto& [allocation_id, record] : live_.take_all()) {
+            live_.take_each([this](std::uint64_t allocation_id, live_record&& record) {
                 NxmemAllocation described = describe(allocation_id, record);
                 NxmemStatus status = abi::make_status();
                 (void)table_.deallocate(raw_, &described, &status);
                 module_->tally_.allocations.fetch_sub(1);
-            }
+            });
             table_.release(raw_);
         }
+        module_->tally_.shared_prefixes.fetch_sub(prefixes_held_.load());
         module_->tally_.allocators.fetch_sub(1);
     }
 
@@ -135,7 +158,48 @@ public:
 
     // ---- allocation ----
 
+    // Size 0 and an alignment that is not a power of two are refused before the plugin is called.
     result<NxmemAllocation> allocate(std::uint64_t size, std::uint64_t alignment) {
+        return contain("allocate", [&] { return allocate_unguarded(size, alignment); });
+    }
+
+    // Releases through release_allocation when the mechanism offers it, else deallocate.
+    result<release_report> release(const NxmemAllocation& described) {
+        return contain("release", [&] { return release_unguarded(described); });
+    }
+
+    // ---- deferred release ----
+
+    // Hands the allocation over; it retires at a later drain. The pending ticket pins this
+    // allocator (and so the module and this callback table) until it retires. A plugin that
+    // retires the ticket inside this call and then returns an error has broken the contract: the
+    // completion wins (the allocation is gone and its completion is reported by the next drain)
+    // and the call returns CONTRACT_VIOLATION.
+    result<std::uint64_t> enqueue_release(const NxmemAllocation& described) {
+        return contain("enqueue_release", [&] { return enqueue_release_unguarded(described); });
+    }
+
+    // Asks the plugin to retire what it can; returns the completions reported since the last
+    // drain, in the order the plugin reported them. The contract says that is the order in which
+    // the plugin received the enqueue calls; the host cannot check that while threads enqueue
+    // concurrently (a ticket is numbered before its call reaches the plugin), so the conformance
+    // suite checks it single-threaded. A failed drain (the plugin's error, a malformed completion,
+    // or the host out of memory) keeps the valid completions for the next drain.
+    result<std::vector<release_completion>> drain_releases() {
+        return contain("drain_releases", [&] { return drain_releases_unguarded(); });
+    }
+
+private:
+    result<NxmemAllocation> allocate_unguarded(std::uint64_t size, std::uint64_t alignment) {
+        if (size == 0) {
+            return fail(status_code::invalid_argument,
+                        "allocate: size 0 (an allocation is at least one byte)");
+        }
+        if (!std::has_single_bit(alignment)) {
+            return fail(status_code::invalid_argument,
+                        "allocate: alignment " + std::to_string(alignment) +
+                            " is not a power of two");
+        }
         auto request = abi::make_struct<NxmemAllocRequest>();
         request.mechanism_id = mechanism_id_;
         request.device = device_.to_wire();
@@ -155,107 +219,167 @@ public:
         described.address = produced.address;
         described.size = size;
         described.alignment = alignment;
-        if (result<void> sane = check_new_allocation(produced, size, alignment); !sane) {
+        const bool sane = produced.address != 0 && (produced.address & (alignment - 1)) == 0 &&
+                          produced.size >= size && !reissues_quarantined(produced.address);
+        if (!sane) {
             // The plugin broke the contract; it still gets its allocation back.
             (void)table_.deallocate(raw_, &described, &status);
-            return sane.error();
+            return fail(status_code::contract_violation, describe_bad_allocation(produced, size, alignment));
         }
-        live_.insert(described.allocation_id, {described.address, size, alignment});
+        try {
+            live_.insert(described.allocation_id, {described.address, size, alignment});
+        } catch (...) {
+            (void)table_.deallocate(raw_, &described, &status); // no record, no allocation
+            throw;
+        }
         module_->tally_.allocations.fetch_add(1);
         return described;
     }
 
-    // Releases through release_allocation when the mechanism offers it, else deallocate.
-    result<release_report> release(const NxmemAllocation& described) {
+    result<release_report> release_unguarded(const NxmemAllocation& described) {
         NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY(record, live_.take(described));
+        NXMEM_TRY(record, live_.claim(described));
         NxmemStatus status = abi::make_status();
         if (table_.release_allocation == nullptr) {
             const NxmemStatusCode code = table_.deallocate(raw_, &described, &status);
             if (code != NXMEM_STATUS_OK) {
-                live_.insert(described.allocation_id, record); // nothing changed
-                return fail(status_code_from_wire(code), abi::read_status_message(status));
+                live_.unclaim(described.allocation_id); // nothing changed
+                return plugin_failure(code, status);
             }
+            live_.erase_claimed(described.allocation_id);
             module_->tally_.allocations.fetch_sub(1);
             return release_report{release_state::complete, record.size, 0};
         }
         auto outcome = abi::make_struct<NxmemReleaseOutcome>();
         const NxmemStatusCode code = table_.release_allocation(raw_, &described, &outcome, &status);
         if (code != NXMEM_STATUS_OK || outcome.state == NXMEM_RELEASE_FAILED) {
-            live_.insert(described.allocation_id, record); // FAILED: as live as before
+            live_.unclaim(described.allocation_id); // FAILED: as live as before
             return fail(code != NXMEM_STATUS_OK ? status_code_from_wire(code)
                                                 : status_code::internal_error,
                         "release failed, the allocation is still live: " +
                             abi::read_status_message(status));
         }
+        live_.erase_claimed(described.allocation_id);
         module_->tally_.allocations.fetch_sub(1);
         return interpret(outcome, record);
     }
 
-    // ---- deferred release ----
-
-    // Hands the allocation over; it retires at a later drain. The pending ticket pins this
-    // allocator (and so the module and this callback table) until it retires.
-    result<std::uint64_t> enqueue_release(const NxmemAllocation& described) {
+    // Everything that can fail for lack of memory happens before the plugin is called: the
+    // pending entry, the room for its completion and its parking slot. The live record is claimed,
+    // not taken, so a refusal restores it without allocating.
+    result<std::uint64_t> enqueue_release_unguarded(const NxmemAllocation& described) {
         if (table_.enqueue_release == nullptr) {
             return unsupported("deferred release");
         }
         NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY(record, live_.take(described));
         const std::uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
         {
             std::lock_guard lock(deferred_mutex_);
-            pending_.emplace(ticket, pending_release{described.allocation_id, record, shared_from_this()});
+            auto [entry, inserted] = pending_.try_emplace(ticket);
+            (void)inserted;
+            try {
+                const std::size_t needed = completed_.size() + pending_.size();
+                if (completed_.capacity() < needed) {
+                    completed_.reserve(std::max(needed, 2 * completed_.capacity()));
+                }
+                module_->reserve_parking_slot();
+            } catch (...) {
+                pending_.erase(entry);
+                throw;
+            }
+        }
+        result<live_record> claimed = live_.claim(described);
+        if (!claimed) {
+            forget_ticket(ticket);
+            return claimed.error();
+        }
+        {
+            std::lock_guard lock(deferred_mutex_);
+            pending_release& entry = pending_.find(ticket)->second;
+            entry.allocation_id = described.allocation_id;
+            entry.record = claimed.value();
+            entry.pin = shared_from_this();
         }
         module_->tally_.queued_releases.fetch_add(1); // before the ABI call, as the contract says
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = table_.enqueue_release(raw_, &described, ticket, &status);
-        if (code != NXMEM_STATUS_OK) {
-            std::shared_ptr<allocator_core> pin;
-            {
-                std::lock_guard lock(deferred_mutex_);
-                pin = std::move(pending_.at(ticket).pin);
-                pending_.erase(ticket);
-            }
-            module_->tally_.queued_releases.fetch_sub(1);
-            live_.insert(described.allocation_id, record);
-            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        if (code == NXMEM_STATUS_OK) {
+            live_.erase_claimed(described.allocation_id);
+            return ticket;
         }
-        return ticket;
+        std::shared_ptr<allocator_core> pin = forget_ticket(ticket);
+        if (pin == nullptr) {
+            // The plugin retired the ticket inside the call (its completion is recorded) and then
+            // failed the call: the completion wins, the allocation is gone.
+            live_.erase_claimed(described.allocation_id);
+            return fail(status_code::contract_violation,
+                        "'" + mechanism_name_ + "' retired ticket " + std::to_string(ticket) +
+                            " inside enqueue_release and then failed the call with " +
+                            std::string(status_code_name(status_code_from_wire(code))) + ": " +
+                            abi::read_status_message(status) +
+                            "; the release stands and its completion is reported by the next drain");
+        }
+        module_->tally_.queued_releases.fetch_sub(1);
+        live_.unclaim(described.allocation_id);
+        return plugin_failure(code, status);
     }
 
-    // Asks the plugin to retire what it can; returns the completions reported since the last
-    // drain, in the order the plugin reported them. The contract says that is the order in which
-    // the plugin received the enqueue calls; the host cannot check that while threads enqueue
-    // concurrently (a ticket is numbered before its call reaches the plugin), so the conformance
-    // suite checks it single-threaded.
-    result<std::vector<release_completion>> drain_releases() {
+    // Withdraws a ticket that is still pending (with its parking slot); returns its pin, or
+    // nullptr when it had already retired. Allocates nothing.
+    std::shared_ptr<allocator_core> forget_ticket(std::uint64_t ticket) noexcept {
+        std::shared_ptr<allocator_core> pin;
+        {
+            std::lock_guard lock(deferred_mutex_);
+            auto found = pending_.find(ticket);
+            if (found == pending_.end()) {
+                return nullptr;
+            }
+            pin = std::move(found->second.pin);
+            pending_.erase(found);
+            module_->cancel_parking_slot();
+        }
+        return pin; // dropped by the caller, outside the lock; never the last reference
+    }
+
+    result<std::vector<release_completion>> drain_releases_unguarded() {
         if (table_.drain_releases == nullptr) {
             return unsupported("deferred release");
         }
         std::uint64_t retired = 0;
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = table_.drain_releases(raw_, &retired, &status);
-        std::vector<release_completion> completions;
-        std::vector<std::shared_ptr<allocator_core>> released_pins;
+        // Pins of releases that retired are dropped outside every lock and plugin call; the
+        // caller's own reference keeps this allocator alive.
+        module_->release_parked();
+        std::size_t ready = 0;
         std::string violation;
         {
             std::lock_guard lock(deferred_mutex_);
-            completions.swap(completed_);
-            released_pins.swap(retired_pins_);
+            ready = completed_.size();
             violation.swap(completion_violation_);
+            if (violation.empty() && completion_violation_unrecorded_) {
+                violation = "a release_completed call was refused (the host ran out of memory "
+                            "describing why)";
+                completion_violation_unrecorded_ = false;
+            }
         }
-        // The pins drop here, outside every lock; the caller's own reference keeps this alive.
-        released_pins.clear();
         if (!violation.empty()) {
-            return fail(status_code::contract_violation, violation);
+            return fail(status_code::contract_violation, std::move(violation));
         }
         if (code != NXMEM_STATUS_OK) {
-            return fail(status_code_from_wire(code), abi::read_status_message(status));
+            return plugin_failure(code, status);
+        }
+        std::vector<release_completion> completions;
+        completions.reserve(ready); // the completions stay recorded if this fails
+        {
+            std::lock_guard lock(deferred_mutex_);
+            completions.assign(completed_.begin(), completed_.begin() + static_cast<std::ptrdiff_t>(ready));
+            completed_.erase(completed_.begin(), completed_.begin() + static_cast<std::ptrdiff_t>(ready));
         }
         return completions;
     }
 
+public:
     std::uint64_t pending_releases() const {
         std::lock_guard lock(deferred_mutex_);
         return pending_.size();
@@ -264,82 +388,106 @@ public:
     // ---- virtual backing ----
 
     result<void> change_range(const NxmemAllocation& described, byte_range range, bool commit) {
-        NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
-        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY(record, live_.find(described));
-        (void)record;
-        auto request = abi::make_struct<NxmemRangeRequest>();
-        request.allocation = described;
-        request.range = abi::make_struct<NxmemByteRange>();
-        request.range.offset = range.offset;
-        request.range.length = range.length;
-        NxmemStatus status = abi::make_status();
-        const NxmemStatusCode code = commit
-                                         ? virtual_backing_->commit(raw_, &request, &status)
-                                         : virtual_backing_->decommit(raw_, &request, &status);
-        return check(code, status);
+        return contain(commit ? "commit" : "decommit", [&]() -> result<void> {
+            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+            NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY(record, live_.find(described));
+            (void)record;
+            auto request = abi::make_struct<NxmemRangeRequest>();
+            request.allocation = described;
+            request.range = abi::make_struct<NxmemByteRange>();
+            request.range.offset = range.offset;
+            request.range.length = range.length;
+            NxmemStatus status = abi::make_status();
+            const NxmemStatusCode code = commit
+                                             ? virtual_backing_->commit(raw_, &request, &status)
+                                             : virtual_backing_->decommit(raw_, &request, &status);
+            return check(code, status);
+        });
     }
 
     result<std::uint64_t> mapped_bytes(const NxmemAllocation& described) {
-        NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
-        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY(record, live_.find(described));
-        (void)record;
-        std::uint64_t bytes = 0;
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(virtual_backing_->mapped_bytes(raw_, &described, &bytes, &status), status));
-        return bytes;
+        return contain("mapped_bytes", [&]() -> result<std::uint64_t> {
+            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+            NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY(record, live_.find(described));
+            (void)record;
+            std::uint64_t bytes = 0;
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(virtual_backing_->mapped_bytes(raw_, &described, &bytes, &status), status));
+            return bytes;
+        });
     }
 
     // ---- shared mapping ----
 
+    // A handle that names another mechanism or device than this allocator's is refused (and
+    // given back to the plugin as it was handed over): the host could never release it.
     result<shared_prefix> create_prefix(std::uint64_t size) {
-        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
-        auto request = abi::make_struct<NxmemSharedPrefixRequest>();
-        request.mechanism_id = mechanism_id_;
-        request.device = device_.to_wire();
-        request.size = size;
-        auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(shared_mapping_->create_shared_prefix(raw_, &request, &handle, &status), status));
-        module_->tally_.shared_prefixes.fetch_add(1);
-        return shared_prefix{handle.prefix_id, handle.size, handle.mechanism_id,
-                             device_id::from_wire(handle.device)};
+        return contain("create_prefix", [&]() -> result<shared_prefix> {
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            auto request = abi::make_struct<NxmemSharedPrefixRequest>();
+            request.mechanism_id = mechanism_id_;
+            request.device = device_.to_wire();
+            request.size = size;
+            auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(shared_mapping_->create_shared_prefix(raw_, &request, &handle, &status), status));
+            if (handle.mechanism_id != mechanism_id_ || device_id::from_wire(handle.device) != device_) {
+                (void)shared_mapping_->release_shared_prefix(raw_, &handle, &status);
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' created shared prefix " +
+                                std::to_string(handle.prefix_id) + " naming mechanism " +
+                                std::to_string(handle.mechanism_id) + " on " +
+                                std::string(device_type_name(handle.device.device_type)) + ":" +
+                                std::to_string(handle.device.index) + "; it is refused");
+            }
+            prefix_referenced();
+            return shared_prefix{handle.prefix_id, handle.size, handle.mechanism_id,
+                                 device_id::from_wire(handle.device)};
+        });
     }
 
     result<void> retain_prefix(const shared_prefix& prefix) {
-        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
-        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
-        const NxmemSharedPrefixHandle handle = prefix.to_wire();
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(shared_mapping_->retain_shared_prefix(raw_, &handle, &status), status));
-        module_->tally_.shared_prefixes.fetch_add(1);
-        return boost::outcome_v2::success();
+        return contain("retain_prefix", [&]() -> result<void> {
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+            const NxmemSharedPrefixHandle handle = prefix.to_wire();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(shared_mapping_->retain_shared_prefix(raw_, &handle, &status), status));
+            prefix_referenced();
+            return boost::outcome_v2::success();
+        });
     }
 
     result<void> release_prefix(const shared_prefix& prefix) {
-        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
-        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
-        const NxmemSharedPrefixHandle handle = prefix.to_wire();
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(shared_mapping_->release_shared_prefix(raw_, &handle, &status), status));
-        module_->tally_.shared_prefixes.fetch_sub(1);
-        return boost::outcome_v2::success();
+        return contain("release_prefix", [&]() -> result<void> {
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+            const NxmemSharedPrefixHandle handle = prefix.to_wire();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(shared_mapping_->release_shared_prefix(raw_, &handle, &status), status));
+            prefixes_held_.fetch_sub(1);
+            module_->tally_.shared_prefixes.fetch_sub(1);
+            return boost::outcome_v2::success();
+        });
     }
 
     result<prefix_commit> commit_prefix(const NxmemAllocation& described, const shared_prefix& prefix) {
-        NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
-        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
-        NXMEM_TRY(record, live_.find(described));
-        (void)record;
-        auto request = abi::make_struct<NxmemSharedPrefixCommitRequest>();
-        request.allocation = described;
-        request.prefix = prefix.to_wire();
-        auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(shared_mapping_->commit_shared_prefix(raw_, &request, &info, &status), status));
-        return prefix_commit{info.shared_bytes, info.newly_mapped_bytes, info.sharers};
+        return contain("commit_prefix", [&]() -> result<prefix_commit> {
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
+            NXMEM_TRY(record, live_.find(described));
+            (void)record;
+            auto request = abi::make_struct<NxmemSharedPrefixCommitRequest>();
+            request.allocation = described;
+            request.prefix = prefix.to_wire();
+            auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(shared_mapping_->commit_shared_prefix(raw_, &request, &info, &status), status));
+            return prefix_commit{info.shared_bytes, info.newly_mapped_bytes, info.sharers};
+        });
     }
 
     // The unit of commit and decommit (0 without virtual backing).
@@ -348,13 +496,15 @@ public:
     // ---- usage query (minor 2) ----
 
     result<allocator_usage> query_usage() {
-        if (table_.query_usage == nullptr) {
-            return unsupported("the usage query");
-        }
-        auto usage = abi::make_struct<NxmemAllocatorUsage>();
-        NxmemStatus status = abi::make_status();
-        NXMEM_TRY_VOID(check(table_.query_usage(raw_, &usage, &status), status));
-        return allocator_usage::from_wire(usage);
+        return contain("query_usage", [&]() -> result<allocator_usage> {
+            if (table_.query_usage == nullptr) {
+                return unsupported("the usage query");
+            }
+            auto usage = abi::make_struct<NxmemAllocatorUsage>();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(table_.query_usage(raw_, &usage, &status), status));
+            return allocator_usage::from_wire(usage);
+        });
     }
 
     bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
@@ -429,35 +579,45 @@ private:
         return boost::outcome_v2::success();
     }
 
-    result<void> check_new_allocation(const NxmemAllocResult& produced, std::uint64_t size,
-                                      std::uint64_t alignment) {
-        if (produced.address == 0 || produced.address % alignment != 0 || produced.size < size) {
-            return fail(status_code::contract_violation,
-                        "'" + mechanism_name_ + "' returned address 0x" +
-                            nxmem::detail::to_hex(produced.address) + " of " +
-                            std::to_string(produced.size) + " bytes for a request of " +
-                            std::to_string(size) + " bytes aligned to " + std::to_string(alignment));
+    bool reissues_quarantined(std::uint64_t address) {
+        if (!any_quarantined_.load(std::memory_order_acquire)) {
+            return false;
         }
-        if (any_quarantined_.load(std::memory_order_acquire)) {
-            std::lock_guard lock(quarantine_mutex_);
-            if (quarantined_addresses_.count(produced.address) != 0) {
-                return fail(status_code::contract_violation,
-                            "'" + mechanism_name_ + "' reissued quarantined address 0x" +
-                                nxmem::detail::to_hex(produced.address));
-            }
+        std::lock_guard lock(quarantine_mutex_);
+        return quarantined_addresses_.count(address) != 0;
+    }
+
+    // Why a new allocation was refused (built after the plugin got it back).
+    std::string describe_bad_allocation(const NxmemAllocResult& produced, std::uint64_t size,
+                                        std::uint64_t alignment) {
+        if (produced.address != 0 && reissues_quarantined(produced.address)) {
+            return "'" + mechanism_name_ + "' reissued quarantined address 0x" +
+                   nxmem::detail::to_hex(produced.address);
         }
-        return boost::outcome_v2::success();
+        return "'" + mechanism_name_ + "' returned address 0x" +
+               nxmem::detail::to_hex(produced.address) + " of " + std::to_string(produced.size) +
+               " bytes for a request of " + std::to_string(size) + " bytes aligned to " +
+               std::to_string(alignment);
+    }
+
+    void prefix_referenced() noexcept {
+        prefixes_held_.fetch_add(1);
+        module_->tally_.shared_prefixes.fetch_add(1);
     }
 
     // COMPLETE credits the unmapped bytes; anything else, a state from the future included, is
-    // quarantine: the address is never reissued and the residue never refunded.
-    release_report interpret(const NxmemReleaseOutcome& outcome, const live_record& record) {
+    // quarantine: the address is never reissued and the residue never refunded. Never throws: the
+    // release has happened; if the host has no memory to remember the address, it cannot refuse
+    // a later reissue of that one address (docs/HOST.md).
+    release_report interpret(const NxmemReleaseOutcome& outcome, const live_record& record) noexcept {
         if (outcome.state == NXMEM_RELEASE_COMPLETE) {
             return release_report{release_state::complete, outcome.unmapped_bytes, 0};
         }
-        {
+        try {
             std::lock_guard lock(quarantine_mutex_);
             quarantined_addresses_.insert(record.address);
+        } catch (...) {
+            // Out of memory: the residue is still counted below.
         }
         any_quarantined_.store(true, std::memory_order_release);
         const std::uint64_t residue = outcome.state == NXMEM_RELEASE_QUARANTINED
@@ -484,9 +644,18 @@ private:
 
     static result<void> check(NxmemStatusCode code, const NxmemStatus& status) {
         if (code != NXMEM_STATUS_OK) {
-            return fail(status_code_from_wire(code), abi::read_status_message(status));
+            return plugin_failure(code, status);
         }
         return boost::outcome_v2::success();
+    }
+
+    // The plugin's failure with its message; with its code alone if the message cannot be copied.
+    static error plugin_failure(NxmemStatusCode code, const NxmemStatus& status) noexcept {
+        try {
+            return error{status_code_from_wire(code), abi::read_status_message(status)};
+        } catch (...) {
+            return error{status_code_from_wire(code), {}};
+        }
     }
 
     NxmemAllocation describe(std::uint64_t allocation_id, const live_record& record) const {
@@ -523,9 +692,13 @@ private:
         });
     }
 
+    // A valid completion allocates nothing: its room was reserved when the ticket was enqueued.
+    // Only describing a malformed one can run out of memory; then the violation is still noted.
+    // The pin is parked in the module, never dropped here: this may be the allocator's last
+    // reference, and the plugin is inside its own call.
     static void on_release_completed(void* context, const NxmemReleaseCompletion* raw) noexcept {
-        guard_void([&] {
-            auto& core = *static_cast<allocator_core*>(context);
+        auto& core = *static_cast<allocator_core*>(context);
+        const bool recorded = guard_void([&] {
             result<NxmemReleaseCompletion> completion = abi::read_request(raw);
             std::lock_guard lock(core.deferred_mutex_);
             if (!completion) {
@@ -534,7 +707,7 @@ private:
             }
             const std::uint64_t ticket = completion.value().ticket;
             auto found = core.pending_.find(ticket);
-            if (found == core.pending_.end()) {
+            if (found == core.pending_.end() || found->second.pin == nullptr) {
                 core.completion_violation_ =
                     "release_completed for unknown ticket " + std::to_string(ticket);
                 return;
@@ -542,11 +715,15 @@ private:
             core.completed_.push_back(release_completion{
                 ticket, found->second.allocation_id,
                 core.interpret(completion.value().outcome, found->second.record)});
-            core.retired_pins_.push_back(std::move(found->second.pin));
+            core.module_->park(std::move(found->second.pin));
             core.pending_.erase(found);
             core.module_->tally_.queued_releases.fetch_sub(1);
             core.module_->tally_.allocations.fetch_sub(1);
         });
+        if (!recorded) {
+            std::lock_guard lock(core.deferred_mutex_);
+            core.completion_violation_unrecorded_ = true;
+        }
     }
 
     // Declared first: destroyed last.
@@ -568,9 +745,10 @@ private:
     mutable std::mutex deferred_mutex_;
     std::atomic<std::uint64_t> next_ticket_{1};
     std::map<std::uint64_t, pending_release> pending_;
-    std::vector<release_completion> completed_;
-    std::vector<std::shared_ptr<allocator_core>> retired_pins_;
+    std::vector<release_completion> completed_; // capacity >= size + pending tickets
     std::string completion_violation_;
+    bool completion_violation_unrecorded_ = false;
+    std::atomic<std::uint64_t> prefixes_held_{0}; // references the engine holds from this allocator
 
     std::mutex quarantine_mutex_;
     std::atomic<bool> any_quarantined_{false};
