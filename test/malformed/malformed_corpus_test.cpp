@@ -94,6 +94,7 @@ const std::vector<expectation>& expectations() {
          {"creating factories failed: a status code no minor defines"}},
         {"factory_count_over_capacity", stage::load, contract, {"reported 65 factories with a capacity of 64"}},
         {"factory_count_max", stage::load, contract, {"reported 4294967295 factories with a capacity of 64"}},
+        {"duplicate_factory_pointer", stage::load, contract, {"factory 1 is the same pointer as factory 0"}},
         {"factory_list_null_entry", stage::load, contract, {"NxmemAllocatorFactoryVtable: table pointer is NULL"}},
         {"factory_count_beyond_list", stage::load, contract, {"NxmemAllocatorFactoryVtable: table pointer is NULL"}},
         {"duplicate_factory_name", stage::load, contract,
@@ -169,8 +170,6 @@ const std::vector<expectation>& expectations() {
 // the expectation moves up into expectations().
 const std::vector<expectation>& known_host_defects() {
     static const std::vector<expectation> all{
-        // Fixed on branch hostfix (issue 12, defect 1): today the host releases the factory twice.
-        {"duplicate_factory_pointer", stage::load, contract, {"same pointer as factory"}},
         // New: the host calls a data symbol as code (SIGSEGV); dladdr1(RTLD_DL_SYMENT) would show
         // STT_OBJECT rather than STT_FUNC.
         {"negotiate_is_data", stage::load, contract, {"NxmemNegotiate", not_a_function}},
@@ -365,12 +364,8 @@ TEST_CASE("each malformed plugin is refused with its code and fault, unloaded, u
     }
 }
 
-// ---- known host defects: these pass while the host is wrong (see known_host_defects()) ----
-
-TEST_CASE("fixed host defect (issue 12, defect 1): a factory listed twice",
-          "[malformed][known-host-defect]") {
-    check_variant(known_defect("duplicate_factory_pointer"));
-}
+// ---- host defects this corpus found, now fixed in the host (hostfix branch); their expectations
+// can move up into expectations() ----
 
 TEST_CASE("fixed host defect: an NxmemNegotiate export that is data is called as code",
           "[malformed][known-host-defect]") {

@@ -68,7 +68,7 @@ private:
         auto core = std::make_shared<allocator_core>(private_tag{}, module, factory, device,
                                                      std::move(reclaim));
         if (!module->loaded()) {
-            return fail(status_code::busy, module->path().string() + " is not loaded");
+            return fail(status_code::busy, module->not_loaded_reason());
         }
         const plugin_module::factory_entry* entry = module->entry_for(factory);
         if (entry == nullptr) {
