@@ -165,9 +165,8 @@ const std::vector<expectation>& expectations() {
     return all;
 }
 
-// Variants the host mishandles today: each expectation is what the contract demands. Each has a
-// [!shouldfail] test case below; once the host is fixed that case fails ("unexpected pass"), and
-// the expectation moves up into expectations().
+// Variants the host mishandled until the hostfix branch: each expectation is what the contract
+// demands, and each has its own test case below (it was [!shouldfail] while the host was wrong).
 const std::vector<expectation>& known_host_defects() {
     static const std::vector<expectation> all{
         // New: the host calls a data symbol as code (SIGSEGV); dladdr1(RTLD_DL_SYMENT) would show
