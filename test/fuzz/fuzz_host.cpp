@@ -248,10 +248,10 @@ struct engine {
         case 8: // the engine lets an allocator go, whatever it still holds
             if (!allocators.empty()) {
                 const std::size_t at = draw<std::uint8_t>() % allocators.size();
-                // An allocator whose releases the plugin still holds stays pinned for good once
-                // the engine lets go (by design: docs/HOST.md, "Drain until everything has retired before
-                // letting go"), a leak by
-                // LeakSanitizer's lights: drain first, and keep it if the plugin still holds some.
+                // An allocator whose releases the plugin still holds stays pinned for good once the
+                // engine lets go (by design; docs/HOST.md: "Drain until everything has retired
+                // before letting go"), which LeakSanitizer reports: drain first, and keep the
+                // allocator while the plugin still holds some.
                 if (plugin().queued() > 0) {
                     drain(allocators[at]);
                 }
