@@ -135,5 +135,5 @@ TEST_CASE("Q9: a sender's flags are zero; major 1 defines none", "[abi][rules]")
         },
         nxmem::abi::all_structs{});
     CHECK(flags_fields == 1);
-    STATIC_REQUIRE(nxmem::abi::find_field<NxmemAllocRequest>("flags") != nullptr);
+    CHECK(nxmem::abi::find_field<NxmemAllocRequest>("flags") != nullptr);
 }

@@ -6,8 +6,9 @@
 #      writes, shares a prefix, releases, unloads and checks the library is unmapped;
 #   3. the installed example C plugin built with the Meson plugin dependency and with the CMake
 #      nxmem::plugin target, each checked by the installed `nxmem conform`;
-#   4. the installed `nxmem inspect` with no arguments finds the installed plugins;
-#   5. a C++17 translation unit including <nxmem/host.hpp> stops with the C++20 message.
+#   4. find_package(nxmem VERSION) accepts and refuses the versions docs/HOST.md says;
+#   5. the installed `nxmem inspect` with no arguments finds the installed plugins;
+#   6. a C++17 translation unit including <nxmem/host.hpp> stops with the C++20 message.
 # Usage: test/consumer/run.sh BUILD_DIR   (a configured and built gcc build, e.g. build/gcc)
 # Prints "PASS name" / "FAIL name" per case (a failure with its log), then
 # "consumer: N passed, M failed", and exits 1 if anything failed.
@@ -118,6 +119,13 @@ cmake_consumer() {
     "$nxmem_tool" conform "$dir/build/consumer_cmake_plugin.so"
 }
 check "cmake find_package: engine builds and runs, nxmem::plugin plugin conforms" cmake_consumer
+
+cmake_versions() {
+  local dir
+  dir=$(project_dir cmake-version)
+  cmake -S "$dir" -B "$dir/build" -DCMAKE_PREFIX_PATH="$stage$prefix"
+}
+check "cmake find_package: version requests (same major and minor while 0.x)" cmake_versions
 
 # --- the installed tool ---
 installed_tool() {

@@ -487,6 +487,7 @@ TEST_CASE("allocating, releasing, enqueuing, draining, sharing and pinning threa
         CHECK(before_close.host.queued_releases == 0);
         CHECK(before_close.host.pins == 0);
         CHECK(before_close.host.allocators == 2); // the shared lazy and legacy allocators
+        CHECK(before_close.plugin.allocators == 2);
     }
     main_progress.now("unload");
     auto idle = value_or_fail(module->readiness());

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 namespace nxmem::abi {
 
@@ -27,14 +28,15 @@ inline constexpr std::size_t table_header_bytes = 3 * sizeof(std::uint32_t);
 template <growable_table T>
 result<table_copy<T>> read_prefix(const void* untrusted, std::uint32_t negotiated_minor) {
     using traits = struct_traits<T>;
-    const std::string what(traits::name);
+    // The name is copied into a message only on failure: a valid table is read without allocating.
+    const std::string_view what(traits::name);
     // 1. Null and misaligned pointers.
     if (untrusted == nullptr) {
-        return fail(status_code::contract_violation, what + ": table pointer is NULL");
+        return fail(status_code::contract_violation, std::string(what) + ": table pointer is NULL");
     }
     if (reinterpret_cast<std::uintptr_t>(untrusted) % alignof(T) != 0) {
         return fail(status_code::contract_violation,
-                    what + ": table pointer is not aligned to " + std::to_string(alignof(T)));
+                    std::string(what) + ": table pointer is not aligned to " + std::to_string(alignof(T)));
     }
     // 2. struct_size first; abi_minor and the type tag only if struct_size covers them.
     const auto* bytes = static_cast<const unsigned char*>(untrusted);
@@ -42,7 +44,7 @@ result<table_copy<T>> read_prefix(const void* untrusted, std::uint32_t negotiate
     std::memcpy(&copy.struct_size, bytes, sizeof(std::uint32_t));
     if (copy.struct_size < table_header_bytes) {
         return fail(status_code::contract_violation,
-                    what + ": struct_size " + std::to_string(copy.struct_size) +
+                    std::string(what) + ": struct_size " + std::to_string(copy.struct_size) +
                         " does not cover the table header (12 bytes)");
     }
     std::uint32_t type_tag = 0;
@@ -51,18 +53,18 @@ result<table_copy<T>> read_prefix(const void* untrusted, std::uint32_t negotiate
     // 3. A sender contradicting itself is broken, not old.
     if (copy.struct_size > NXMEM_MAX_STRUCT_SIZE) {
         return fail(status_code::contract_violation,
-                    what + ": struct_size " + std::to_string(copy.struct_size) +
+                    std::string(what) + ": struct_size " + std::to_string(copy.struct_size) +
                         " exceeds the cap of " + std::to_string(NXMEM_MAX_STRUCT_SIZE));
     }
     if (type_tag != traits::type_tag) {
         return fail(status_code::contract_violation,
-                    what + ": wrong type tag 0x" + nxmem::detail::to_hex(type_tag) + " (expected 0x" +
+                    std::string(what) + ": wrong type tag 0x" + nxmem::detail::to_hex(type_tag) + " (expected 0x" +
                         nxmem::detail::to_hex(traits::type_tag) + ")");
     }
     const std::size_t claimed = bytes_required<T>(copy.declared_minor);
     if (copy.struct_size < claimed) {
         return fail(status_code::contract_violation,
-                    what + ": claims minor " + std::to_string(copy.declared_minor) + ", which needs " +
+                    std::string(what) + ": claims minor " + std::to_string(copy.declared_minor) + ", which needs " +
                         std::to_string(claimed) + " bytes, but struct_size is " +
                         std::to_string(copy.struct_size));
     }

@@ -10,33 +10,35 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 namespace nxmem::abi {
 
 // A local copy of the request at `untrusted`, or INVALID_ARGUMENT naming what is wrong.
 template <class T> result<T> read_request(const T* untrusted) {
-    const std::string what(struct_traits<T>::name);
+    // The name is copied into a message only on failure: reading a valid request allocates nothing.
+    const std::string_view what(struct_traits<T>::name);
     if (untrusted == nullptr) {
-        return fail(status_code::invalid_argument, what + ": request pointer is NULL");
+        return fail(status_code::invalid_argument, std::string(what) + ": request pointer is NULL");
     }
     std::uint32_t size = 0;
     std::memcpy(&size, untrusted, sizeof size);
     constexpr std::size_t required = baseline_bytes<T>();
     if (size < required) {
         return fail(status_code::invalid_argument,
-                    what + ": struct_size " + std::to_string(size) + " is below the " +
+                    std::string(what) + ": struct_size " + std::to_string(size) + " is below the " +
                         std::to_string(required) + " bytes of the baseline request");
     }
     if (size > NXMEM_MAX_STRUCT_SIZE) {
         return fail(status_code::invalid_argument,
-                    what + ": struct_size " + std::to_string(size) + " exceeds the cap of " +
+                    std::string(what) + ": struct_size " + std::to_string(size) + " exceeds the cap of " +
                         std::to_string(NXMEM_MAX_STRUCT_SIZE));
     }
     const auto* bytes = reinterpret_cast<const unsigned char*>(untrusted);
     for (std::size_t at = sizeof(T); at < size; ++at) {
         if (bytes[at] != 0) {
             return fail(status_code::invalid_argument,
-                        what + ": byte " + std::to_string(at) +
+                        std::string(what) + ": byte " + std::to_string(at) +
                             " lies beyond what this receiver knows (" + std::to_string(sizeof(T)) +
                             " bytes) and is not zero");
         }
@@ -49,16 +51,17 @@ template <class T> result<T> read_request(const T* untrusted) {
 // Copies `value` into the receiver's `out`, never past out->struct_size, and keeps the
 // receiver's struct_size. Refuses an output too small to hold the baseline struct.
 template <class T> result<void> write_output(T* out, const T& value) {
-    const std::string what(struct_traits<T>::name);
+    // The name is copied into a message only on failure: reading a valid request allocates nothing.
+    const std::string_view what(struct_traits<T>::name);
     if (out == nullptr) {
-        return fail(status_code::invalid_argument, what + ": output pointer is NULL");
+        return fail(status_code::invalid_argument, std::string(what) + ": output pointer is NULL");
     }
     std::uint32_t size = 0;
     std::memcpy(&size, out, sizeof size);
     constexpr std::size_t required = baseline_bytes<T>();
     if (size < required) {
         return fail(status_code::invalid_argument,
-                    what + ": output struct_size " + std::to_string(size) + " is below the " +
+                    std::string(what) + ": output struct_size " + std::to_string(size) + " is below the " +
                         std::to_string(required) + " bytes of the baseline struct");
     }
     const std::size_t count = std::min<std::size_t>(size, sizeof(T)) - sizeof(std::uint32_t);

@@ -181,10 +181,18 @@ public:
         if (state_.load() != state::loaded) {
             tally_.pins.fetch_sub(1);
             return detail::contain("pin", [&]() -> result<module_pin> {
-                return fail(status_code::busy, path_.string() + " is not loaded");
+                return fail(status_code::busy, not_loaded_reason());
             });
         }
         return module_pin(shared_from_this());
+    }
+
+    // Why a pin or an open is refused: an unload attempt still deciding (retry; the host never
+    // waits on the plugin's readiness report to grant either) or the module unloaded (load again).
+    std::string not_loaded_reason() const {
+        return path_.string() + (state_.load() == state::unloading
+                                     ? ": an unload attempt is in progress; retry"
+                                     : " is not loaded");
     }
 
 private:
@@ -367,6 +375,7 @@ private:
     // dropping it inside the plugin's call, and release_parked drops it later, outside every
     // plugin call. Each queued release reserves its slot when it is enqueued, so parking never
     // allocates.
+
     // Reserves a parking slot for one queued release; throws std::bad_alloc, changing nothing.
     void reserve_parking_slot() {
         std::lock_guard lock(parked_mutex_);

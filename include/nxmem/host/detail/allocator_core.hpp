@@ -68,7 +68,7 @@ private:
         auto core = std::make_shared<allocator_core>(private_tag{}, module, factory, device,
                                                      std::move(reclaim));
         if (!module->loaded()) {
-            return fail(status_code::busy, module->path().string() + " is not loaded");
+            return fail(status_code::busy, module->not_loaded_reason());
         }
         const plugin_module::factory_entry* entry = module->entry_for(factory);
         if (entry == nullptr) {
@@ -312,12 +312,18 @@ private:
             // The plugin retired the ticket inside the call (its completion is recorded) and then
             // failed the call: the completion wins, the allocation is gone.
             live_.erase_claimed(described.allocation_id);
-            return fail(status_code::contract_violation,
-                        "'" + mechanism_name_ + "' retired ticket " + std::to_string(ticket) +
-                            " inside enqueue_release and then failed the call with " +
-                            std::string(status_code_name(status_code_from_wire(code))) + ": " +
-                            abi::read_status_message(status) +
-                            "; the release stands and its completion is reported by the next drain");
+            try {
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' retired ticket " + std::to_string(ticket) +
+                                " inside enqueue_release and then failed the call with " +
+                                std::string(status_code_name(status_code_from_wire(code))) + ": " +
+                                abi::read_status_message(status) +
+                                "; the release stands and its completion is reported by the next "
+                                "drain");
+            } catch (...) {
+                // Not OUT_OF_MEMORY: that would say the allocation is still live.
+                return error{status_code::contract_violation, {}};
+            }
         }
         module_->tally_.queued_releases.fetch_sub(1);
         live_.unclaim(described.allocation_id);
