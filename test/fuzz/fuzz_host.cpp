@@ -312,6 +312,13 @@ int run_one(const std::uint8_t* data, std::size_t size) {
             for (int step = 0; step < 64 && !run.unloaded; ++step) {
                 run.step();
             }
+            // From here on the plugin is honest: whatever the 64 steps left of the input is spent.
+            for (std::size_t left = size; left > 0;) {
+                std::uint8_t sink[256];
+                const std::size_t chunk = left < sizeof sink ? left : sizeof sink;
+                fuzzed.draw(sink, chunk);
+                left -= chunk;
+            }
             run.let_go();
             // Drain what is left (the plugin is honest now), then unload.
             result<void> unloaded = boost::outcome_v2::success();
