@@ -584,8 +584,9 @@ typedef NxmemStatusCode (*NxmemOpenAllocatorFn)(NxmemAllocatorFactoryVtable *sel
                                                 NxmemStatus *status);
 typedef void (*NxmemReleaseFactoryFn)(NxmemAllocatorFactoryVtable *self);
 
-/* One mechanism. `name` is NUL-terminated, at most NXMEM_MAX_FACTORY_NAME_BYTES, unique within
- * the module, and owned by the plugin for the factory's lifetime. `mechanism_id` is non-zero and
+/* One mechanism. `name` is NUL-terminated, at most NXMEM_MAX_FACTORY_NAME_BYTES, free of control
+ * bytes (below 0x20, and 0x7f; UTF-8 is fine), unique within the module, and owned by the plugin
+ * for the factory's lifetime. `mechanism_id` is non-zero and
  * unique within the module. `device_types` has bit (1 << t) set for each NxmemDeviceType t the
  * mechanism can open. */
 /* @layout NxmemAllocatorFactoryVtable size=56 align=8 since=0 */
