@@ -211,16 +211,19 @@ static void retire(fuzz_allocator *allocator, uint64_t ticket, uint64_t allocati
     if (draw8() == 1) {
         completion.struct_size = draw32() % (sizeof completion + 1); /* never past the record */
     }
-    if (completion.ticket != ticket || completion.struct_size != sizeof completion) {
-        /* The host cannot tell which release retired: it may rightly keep the allocator pinned. */
-        allocator->excused = 1;
-    }
     if (allocator->live_allocations > 0) {
         allocator->live_allocations--;
     }
     const NxmemHostCallbacks *callbacks = allocator->callbacks;
     if (callbacks != NULL && callbacks->release_completed != NULL) {
         callbacks->release_completed(callbacks->host_context, &completion);
+        if (completion.ticket != ticket || completion.struct_size != sizeof completion) {
+            /* Then the true one: the host must refuse the first and still retire the release,
+             * else it could only keep the allocator pinned for good. */
+            completion.ticket = ticket;
+            completion.struct_size = sizeof completion;
+            callbacks->release_completed(callbacks->host_context, &completion);
+        }
     }
 }
 
@@ -614,6 +617,14 @@ NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemQueryUnloadReadiness(NxmemUnloadReport 
 }
 
 /* ---- test-only controls ---- */
+
+NXMEM_PLUGIN_EXPORT uint64_t nxmem_fuzz_queued(void) {
+    uint64_t queued = 0;
+    for (unsigned i = 0; i < ALLOCATOR_POOL; ++i) {
+        queued += allocators[i].queued;
+    }
+    return queued;
+}
 
 NXMEM_PLUGIN_EXPORT void nxmem_fuzz_begin(const uint8_t *data, size_t size) {
     script_bytes = data;

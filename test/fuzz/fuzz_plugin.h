@@ -24,9 +24,13 @@ typedef void (*NxmemFuzzDrawFn)(void *out, size_t count);
  * rightly refuse to unload. */
 typedef int (*NxmemFuzzAuditFn)(int *outstanding, char *message, size_t capacity);
 
+/* How many releases the plugin holds queued, over all its allocators. */
+typedef uint64_t (*NxmemFuzzQueuedFn)(void);
+
 #define NXMEM_FUZZ_BEGIN "nxmem_fuzz_begin"
 #define NXMEM_FUZZ_DRAW "nxmem_fuzz_draw"
 #define NXMEM_FUZZ_AUDIT "nxmem_fuzz_audit"
+#define NXMEM_FUZZ_QUEUED "nxmem_fuzz_queued"
 
 #ifdef __cplusplus
 }

@@ -165,9 +165,8 @@ const std::vector<expectation>& expectations() {
     return all;
 }
 
-// Variants the host mishandles today: each expectation is what the contract demands. Each has a
-// [!shouldfail] test case below; once the host is fixed that case fails ("unexpected pass"), and
-// the expectation moves up into expectations().
+// Variants the host mishandled until the hostfix branch: each expectation is what the contract
+// demands, and each has its own test case below (it was [!shouldfail] while the host was wrong).
 const std::vector<expectation>& known_host_defects() {
     static const std::vector<expectation> all{
         // New: the host calls a data symbol as code (SIGSEGV); dladdr1(RTLD_DL_SYMENT) would show
@@ -364,19 +363,20 @@ TEST_CASE("each malformed plugin is refused with its code and fault, unloaded, u
     }
 }
 
-// ---- known host defects: these pass while the host is wrong (see known_host_defects()) ----
+// ---- host defects this corpus found, now fixed in the host (hostfix branch); their expectations
+// can move up into expectations() ----
 
-TEST_CASE("KNOWN HOST DEFECT (new): an NxmemNegotiate export that is data is called as code",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: an NxmemNegotiate export that is data is called as code",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("negotiate_is_data"));
 }
 
-TEST_CASE("KNOWN HOST DEFECT (new): an NxmemQueryUnloadReadiness export that is data is accepted",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: an NxmemQueryUnloadReadiness export that is data is accepted",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("query_unload_readiness_is_data"));
 }
 
-TEST_CASE("KNOWN HOST DEFECT (new): a factory name with control bytes is accepted",
-          "[malformed][known-host-defect][!shouldfail]") {
+TEST_CASE("fixed host defect: a factory name with control bytes is accepted",
+          "[malformed][known-host-defect]") {
     check_variant(known_defect("factory_name_non_printable"));
 }

@@ -9,6 +9,7 @@
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/version.hpp>
+#include <nxmem/detail/hex.hpp>
 #include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 #include <nxmem/host/factory_info.hpp>
@@ -18,6 +19,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <array>
@@ -97,6 +99,14 @@ private:
         if (!missing.empty()) {
             return fail(status_code::contract_violation,
                         path.string() + " is not an nxmem plugin: missing export(s) " + missing);
+        }
+        // An export that is data would be called as code: refuse it before calling anything.
+        for (const char* symbol : {NXMEM_EXPORT_NEGOTIATE, NXMEM_EXPORT_CREATE_ALLOCATOR_FACTORIES,
+                                   NXMEM_EXPORT_QUERY_UNLOAD_READINESS}) {
+            if (!exports_function(library, symbol)) {
+                return fail(status_code::contract_violation,
+                            path.string() + ": export " + symbol + " is not a function");
+            }
         }
         auto module = std::make_shared<plugin_module>(private_tag{}, std::move(library), path,
                                                       options.host_range);
@@ -302,6 +312,21 @@ private:
         return boost::outcome_v2::success();
     }
 
+    // Whether the dynamic symbol `symbol` of `library` is code (a function or an indirect one).
+    static bool exports_function(const boost::dll::shared_library& library, const char* symbol) {
+        void* address = ::dlsym(library.native(), symbol);
+        Dl_info info{};
+        void* symbol_entry = nullptr;
+        if (address == nullptr ||
+            ::dladdr1(address, &info, &symbol_entry, RTLD_DL_SYMENT) == 0 ||
+            symbol_entry == nullptr) {
+            return false;
+        }
+        const auto* entry = static_cast<const ElfW(Sym)*>(symbol_entry);
+        const unsigned type = entry->st_info & 0xfu; // ELF{32,64}_ST_TYPE
+        return type == STT_FUNC || type == STT_GNU_IFUNC;
+    }
+
     result<factory_info> read_factory(factory_entry& entry) {
         NXMEM_TRY(copy, abi::read_prefix<NxmemAllocatorFactoryVtable>(entry.raw, version_.minor));
         NXMEM_TRY_VOID(detail::check_required_slots(copy));
@@ -313,6 +338,15 @@ private:
             return fail(status_code::contract_violation,
                         "a factory name is NULL, empty or longer than " +
                             std::to_string(NXMEM_MAX_FACTORY_NAME_BYTES) + " bytes");
+        }
+        // Every tool prints the name: no control bytes (UTF-8 above 0x7f is kept).
+        for (std::size_t at = 0; at < length; ++at) {
+            const auto byte = static_cast<unsigned char>(name[at]);
+            if (byte < 0x20 || byte == 0x7f) {
+                return fail(status_code::contract_violation,
+                            "a factory name has byte 0x" + nxmem::detail::to_hex(byte) +
+                                " at offset " + std::to_string(at) + ", which is not printable");
+            }
         }
         if (copy.table.mechanism_id == 0) {
             return fail(status_code::contract_violation,

@@ -379,8 +379,11 @@ private:
         completions.reserve(ready); // the completions stay recorded if this fails
         {
             std::lock_guard lock(deferred_mutex_);
-            completions.assign(completed_.begin(), completed_.begin() + static_cast<std::ptrdiff_t>(ready));
-            completed_.erase(completed_.begin(), completed_.begin() + static_cast<std::ptrdiff_t>(ready));
+            // A concurrent drain may have taken some meanwhile; more may have arrived (the next
+            // drain reports those), so take at most what was counted and is still there.
+            const auto taken = static_cast<std::ptrdiff_t>(std::min(ready, completed_.size()));
+            completions.assign(completed_.begin(), completed_.begin() + taken);
+            completed_.erase(completed_.begin(), completed_.begin() + taken);
         }
         return completions;
     }
