@@ -652,8 +652,16 @@ TEST_CASE("the header compiles alone as C11", "[abi][header][c]") {
     require_compiles(compile_c(source, "header_contract_header_alone"));
 }
 
+TEST_CASE("the C plugin helpers header compiles alone as C11", "[abi][header][c]") {
+    const std::string scratch = require_env("NXMEM_SCRATCH_DIR");
+    const std::string source = scratch + "/header_contract_helpers_alone.c";
+    write_text_file(source, "#include \"nxmem/nxmem_plugin_helpers.h\"\n");
+    require_compiles(compile_c(source, "header_contract_helpers_alone"));
+}
+
 TEST_CASE("the C example compiles against only the header", "[abi][header][c]") {
-    // compile_c passes exactly one include directory: the one holding nxmem_memory_abi.h.
+    // compile_c passes exactly one include directory: the one holding nxmem_memory_abi.h and
+    // nxmem_plugin_helpers.h.
     require_compiles(compile_c(require_env("NXMEM_C_EXAMPLE"), "header_contract_c_example"));
 }
 

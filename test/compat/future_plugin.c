@@ -55,7 +55,7 @@ static void future_release(NxmemAllocatorVtable *self) {
 /* What the next minor's slot does is unknown to this header; a host of this header never calls it. */
 static NxmemStatusCode future_next_minor_slot(NxmemAllocatorVtable *self, NxmemStatus *status) {
     (void)self;
-    return report(status, NXMEM_STATUS_INTERNAL_ERROR, "a slot of the next minor was called");
+    return nxmem_report(status, NXMEM_STATUS_INTERNAL_ERROR, "a slot of the next minor was called");
 }
 
 static NxmemStatusCode future_open_allocator(NxmemAllocatorFactoryVtable *self,
@@ -64,7 +64,7 @@ static NxmemStatusCode future_open_allocator(NxmemAllocatorFactoryVtable *self,
                                              NxmemStatus *status) {
     FutureAllocator *allocator = calloc(1, sizeof *allocator);
     if (allocator == NULL) {
-        return report(status, NXMEM_STATUS_OUT_OF_MEMORY, "open_allocator: no memory");
+        return nxmem_report(status, NXMEM_STATUS_OUT_OF_MEMORY, "open_allocator: no memory");
     }
     const NxmemStatusCode code = minimal_open_allocator(self, request, &allocator->inner, status);
     if (code != NXMEM_STATUS_OK) {

@@ -15,7 +15,8 @@ static NxmemStatusCode release_c_release_allocation(NxmemAllocatorVtable *self,
                                                     const NxmemAllocation *allocation,
                                                     NxmemReleaseOutcome *outcome,
                                                     NxmemStatus *status) {
-    NxmemStatusCode code = CHECK_OUTPUT(NxmemReleaseOutcome, residual_owned_bytes, outcome, status);
+    NxmemStatusCode code =
+        NXMEM_CHECK_OUTPUT(NxmemReleaseOutcome, residual_owned_bytes, outcome, status);
     if (code != NXMEM_STATUS_OK) {
         return code;
     }
@@ -23,7 +24,7 @@ static NxmemStatusCode release_c_release_allocation(NxmemAllocatorVtable *self,
     NxmemReleaseOutcome out = {0};
     out.state = code == NXMEM_STATUS_OK ? NXMEM_RELEASE_COMPLETE : NXMEM_RELEASE_FAILED;
     out.unmapped_bytes = code == NXMEM_STATUS_OK ? allocation->size : 0;
-    copy_output(outcome, &out, sizeof out);
+    nxmem_copy_output(outcome, &out, sizeof out);
     return code;
 }
 

@@ -166,3 +166,24 @@ TEST_CASE("every check has a unique id, a title and the rule it enforces", "[con
         CHECK(conform::find_check(check.id) == &check);
     }
 }
+
+// Regression (issue 11, item 12): the reason used to claim "the plugin speaks minor 0" whatever
+// the plugin's range; it now states the range the plugin answered.
+TEST_CASE("negotiation.below says which range the plugin speaks when it does not apply",
+          "[conform]") {
+    const auto below_of = [](const std::string& path, const std::string& mechanism) {
+        const auto results =
+            conform::run_checks(conform::subject{path, mechanism, device_id{NXMEM_DEVICE_CPU, 0}},
+                                {"negotiation.below"});
+        REQUIRE(results.size() == 1);
+        return results.front();
+    };
+    const conform::check_result minimal = below_of(test::minimal_c_plugin_path(), "minimal-c");
+    CHECK(minimal.skipped());
+    CHECK_THAT(minimal.actual, Catch::Contains("speaks 1.0-1.0, from minor 0"));
+
+    const conform::check_result kit = below_of(test::testplugin_path(), "eager");
+    CHECK(kit.skipped());
+    CHECK_THAT(kit.actual, Catch::Contains("speaks " + nxmem::abi::supported_range.describe() +
+                                           ", from minor 0"));
+}

@@ -131,7 +131,8 @@ struct check_negotiation_below {
         NXMEM_CONFORM_TRY(library, "the plugin loads with its three exports", detail::open_with_exports(target));
         NXMEM_CONFORM_TRY(plugin, "the plugin accepts the whole host range", detail::plugin_range_of(library));
         if (plugin.min_minor == 0) {
-            return not_applicable("the plugin speaks minor 0; no host range lies below it");
+            return not_applicable("the plugin speaks " + plugin.describe() +
+                                  ", from minor 0; no host range lies below it");
         }
         const abi::version_range host{plugin.major, 0, plugin.min_minor - 1};
         return detail::expect_refusal(detail::negotiate(library.negotiate(), host), host);
