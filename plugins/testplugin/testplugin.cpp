@@ -4,6 +4,8 @@
 // opaque addresses), so the typed suites run for both device tags on machines without a GPU.
 #include <nxmem/plugin.hpp>
 
+#include "../../test/support/host_heap.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -37,18 +39,8 @@ constexpr std::uint64_t page_bytes = 4096;
 
 std::atomic<std::uint64_t> overclaiming_releases{0};
 
-// Host memory from the C++ heap, at the alignment asked for.
-result<std::uint64_t> take_host_memory(std::uint64_t size, std::uint64_t alignment) {
-    void* memory = ::operator new(size, std::align_val_t{alignment}, std::nothrow);
-    if (memory == nullptr) {
-        return fail(status_code::out_of_memory, "host heap refused " + std::to_string(size) + " bytes");
-    }
-    return reinterpret_cast<std::uint64_t>(memory);
-}
-
-void give_back_host_memory(const allocation_record& record) {
-    ::operator delete(reinterpret_cast<void*>(record.address), std::align_val_t{record.alignment});
-}
+using nxmem::test::give_back_host_memory;
+using nxmem::test::take_host_memory;
 
 // Required slots only: the minimal conforming mechanism.
 struct eager_mechanism {

@@ -1,9 +1,11 @@
 // A test fixture plugin (never installed, never bundled): mechanisms that each break, or make
 // visible, exactly one rule of docs/ABI.md that the test plugin's well-behaved mechanisms cannot
-// show, for test/host/rule_probe_test.cpp. Selected by name. Its three exports are written out by
+// show, for test/host/contract_rules_test.cpp. Selected by name. Its three exports are written out by
 // hand around the kit's, to count how the host calls them (V4) and to fail the readiness report on
 // request (U4); test-only exports read the counters. Built like every plugin (nxmem_plugin_dep).
 #include <nxmem/plugin.hpp>
+
+#include "../support/host_heap.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -23,6 +25,8 @@ using nxmem::plugin::allocation_record;
 using nxmem::plugin::block;
 using nxmem::plugin::open_context;
 using nxmem::plugin::release_outcome;
+using nxmem::test::give_back_host_memory;
+using nxmem::test::take_host_memory;
 
 constexpr std::uint64_t cpu_only = nxmem::plugin::device_bit(NXMEM_DEVICE_CPU);
 constexpr std::uint64_t page_bytes = 4096;
@@ -40,25 +44,15 @@ struct probe_counters {
 };
 probe_counters counters;
 
-result<std::uint64_t> take_memory(std::uint64_t size, std::uint64_t alignment) {
-    void* memory = ::operator new(size, std::align_val_t{alignment}, std::nothrow);
-    if (memory == nullptr) {
-        return fail(status_code::out_of_memory, "heap refused " + std::to_string(size) + " bytes");
-    }
-    return reinterpret_cast<std::uint64_t>(memory);
-}
-void give_back(const allocation_record& record) {
-    ::operator delete(reinterpret_cast<void*>(record.address), std::align_val_t{record.alignment});
-}
 
 // Eager heap memory: what most probes allocate, so that only the rule they probe differs.
 struct heap_memory {
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
-        NXMEM_TRY(address, take_memory(size, alignment));
+        NXMEM_TRY(address, take_host_memory(size, alignment));
         return block{address, size, size};
     }
     result<void> deallocate(const allocation_record& record) {
-        give_back(record);
+        give_back_host_memory(record);
         return boost::outcome_v2::success();
     }
 };
@@ -75,17 +69,17 @@ struct rounding_mechanism {
     }
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
         const std::uint64_t usable = (size + page_bytes - 1) / page_bytes * page_bytes;
-        NXMEM_TRY(address, take_memory(usable, alignment));
+        NXMEM_TRY(address, take_host_memory(usable, alignment));
         return block{address, usable, usable};
     }
     result<void> deallocate(const allocation_record& record) {
         counters.deallocate_calls.fetch_add(1);
-        give_back(record);
+        give_back_host_memory(record);
         return boost::outcome_v2::success();
     }
     result<release_outcome> release_allocation(const allocation_record& record) {
         counters.release_allocation_calls.fetch_add(1);
-        give_back(record);
+        give_back_host_memory(record);
         return release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
     }
 };
@@ -131,7 +125,7 @@ struct reissuing_mechanism : heap_memory {
     reissuing_mechanism& operator=(const reissuing_mechanism&) = delete;
     ~reissuing_mechanism() {
         for (const allocation_record& record : quarantined_) {
-            give_back(record);
+            give_back_host_memory(record);
         }
     }
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
@@ -168,7 +162,7 @@ struct keeping_deferred_mechanism : heap_memory {
     keeping_deferred_mechanism& operator=(const keeping_deferred_mechanism&) = delete;
     ~keeping_deferred_mechanism() {
         for (const allocation_record& record : kept_) {
-            give_back(record);
+            give_back_host_memory(record);
         }
     }
     result<std::optional<release_outcome>> retire(const allocation_record& record) {
@@ -212,7 +206,7 @@ template <class Self, std::uint64_t Id, bool Malformed> struct bad_completion_me
             completion.struct_size = 8; // below the baseline: no receiver may read it
         }
         host_.release_completed(completion);
-        give_back(record);
+        give_back_host_memory(record);
         return std::optional<release_outcome>{release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0}};
     }
 
@@ -240,7 +234,7 @@ template <std::uint64_t Id> struct base_mechanism : heap_memory {
         return std::make_unique<base_mechanism>();
     }
     result<std::optional<release_outcome>> retire(const allocation_record& record) {
-        give_back(record);
+        give_back_host_memory(record);
         return std::optional<release_outcome>{release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0}};
     }
 };
