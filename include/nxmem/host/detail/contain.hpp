@@ -1,8 +1,8 @@
 // The host's API returns every failure as a status and never throws: a std::bad_alloc from the
 // host's own bookkeeping (records, messages, tables) becomes OUT_OF_MEMORY, any other exception
 // INTERNAL_ERROR. Each public entry point runs its body inside `contain`; the body keeps its state
-// consistent at every point where it can throw (see docs/HOST.md, "When the host runs out of
-// memory").
+// consistent at every point where it can throw (see docs/HOST.md, "When something fails: out of
+// memory, a hostile plugin").
 #pragma once
 
 #include <nxmem/abi/result.hpp>
