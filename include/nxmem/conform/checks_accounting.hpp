@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <cstddef>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -27,7 +28,9 @@
 #define NXMEM_CONFORM_SANITIZED_HEAP 1
 #endif
 #if defined(NXMEM_CONFORM_SANITIZED_HEAP)
-#include <sanitizer/allocator_interface.h>
+// The sanitizers' public interface (sanitizer/allocator_interface.h, which GCC does not always
+// install): the bytes the sanitizer's allocator has handed out and not had back.
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes(void);
 #endif
 
 #include <algorithm>
