@@ -369,8 +369,8 @@ typedef struct NxmemSharedPrefixCommitRequest {
  * handle's `size`), the bytes it covers from the start of the allocation. `newly_mapped_bytes` is
  * non-zero only for the
  * first commit of a prefix: its bytes are costed once however many allocations share it. "First"
- * means the commit that takes the prefix from no mapping to one: after the last allocation mapping
- * it is released, the next commit is first again. `sharers` counts the allocations mapping it. */
+ * is first in the prefix's lifetime: a commit after every allocation mapping it has been released
+ * is not first again. `sharers` counts the allocations mapping it now. */
 /* @layout NxmemSharedPrefixCommitInfo size=32 align=8 since=0 */
 typedef struct NxmemSharedPrefixCommitInfo {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */

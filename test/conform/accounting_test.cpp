@@ -2,7 +2,8 @@
 // the accounting rules of docs/ABI.md they enforce (issue 11): each broken mechanism of
 // test/conform/fixtures fails exactly the check of the rule it breaks and passes the others; a
 // mechanism refusing a device index is not applicable there; and the rules the checks rest on
-// (quarantine and unload, shared-prefix costs, an unsatisfiable alignment) hold for the test plugin.
+// (quarantine and unload, shared-prefix costs, an unsatisfiable alignment) hold for the bundled
+// plugins.
 #include "../support/conform_results.hpp"
 #include "../support/plugin_paths.hpp"
 
@@ -11,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -128,15 +130,19 @@ TEST_CASE("U10: a quarantined allocation is not live, and the plugin still unloa
     CHECK(module->try_unload());
 }
 
-TEST_CASE("C8: a prefix is costed when it goes from no mapping to one, never in an allocation's "
-          "own bytes",
-          "[conform][accounting]") {
+TEST_CASE("C8: a prefix is costed once in its lifetime, never in an allocation's own bytes",
+          "[conform][accounting][posix]") {
+    const char* posix = std::getenv("NXMEM_POSIX_PLUGIN");
+    if (posix == nullptr || *posix == '\0') {
+        WARN("NXMEM_POSIX_PLUGIN is not set: C8 is not checked");
+        return;
+    }
     constexpr std::uint64_t unit = 64 * 1024;
-    auto loaded = host::plugin_module::load(test::testplugin_path());
+    auto loaded = host::plugin_module::load(posix);
     REQUIRE(loaded);
     auto module = loaded.value();
     {
-        auto opened = host::open_allocator<cpu_device>(module, "lazy");
+        auto opened = host::open_allocator<cpu_device>(module, "posix-lazy");
         REQUIRE(opened);
         auto& lazy = opened.value();
         auto mapping = lazy.shared_mapping();
@@ -153,7 +159,8 @@ TEST_CASE("C8: a prefix is costed when it goes from no mapping to one, never in 
             REQUIRE(commit);
             CHECK(commit.value().shared_bytes == unit);
             CHECK(commit.value().sharers == 1);
-            CHECK(commit.value().newly_mapped_bytes == unit); // again after the last sharer went
+            // Costed by the first mapping only, even after the last sharer went before round 1.
+            CHECK(commit.value().newly_mapped_bytes == (round == 0 ? unit : 0));
             CHECK(backing.value().mapped_bytes(made.value()).value() == 0);
             auto released = lazy.release(made.value());
             REQUIRE(released);
