@@ -195,8 +195,8 @@ typedef struct NxmemDeviceId {
 } NxmemDeviceId;
 
 /* A live allocation as the host describes it back to the plugin. `allocation_id` is assigned by
- * the host, monotonic, never derived from an address: address reuse cannot make one allocation
- * impersonate another. The plugin compares every field with its own record before touching
+ * the host, unique in its module, never reused and never derived from an address: address reuse
+ * cannot make one allocation impersonate another. The plugin compares every field with its own record before touching
  * anything, and refuses a description that does not match (WRONG_MECHANISM, WRONG_DEVICE,
  * UNKNOWN_ALLOCATION or INVALID_ARGUMENT). */
 /* @layout NxmemAllocation size=64 align=8 since=0 */

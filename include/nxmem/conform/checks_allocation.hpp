@@ -133,7 +133,7 @@ struct check_allocation_sizes_alignments {
         }
         const std::string release_problem = detail::release_all(allocator, live);
         if (!problem.empty()) {
-            return failed("aligned addresses, monotonic host ids, the mechanism's id", problem);
+            return failed("aligned addresses, host ids increasing in the calling thread, the mechanism's id", problem);
         }
         if (!release_problem.empty()) {
             return failed("every allocation released", release_problem);

@@ -230,7 +230,7 @@ private:
         auto request = abi::make_struct<NxmemAllocRequest>();
         request.mechanism_id = mechanism_id_;
         request.device = device_.to_wire();
-        request.allocation_id = next_allocation_id();
+        request.allocation_id = module_->allocation_ids_.next();
         request.size = size;
         request.alignment = alignment;
         auto produced = abi::make_struct<NxmemAllocResult>();
