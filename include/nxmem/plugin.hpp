@@ -8,4 +8,5 @@
 #include <nxmem/plugin/exports.hpp>
 #include <nxmem/plugin/guard.hpp>
 #include <nxmem/plugin/mechanism.hpp>
+#include <nxmem/plugin/thread_tally.hpp>
 #include <nxmem/usage.hpp>

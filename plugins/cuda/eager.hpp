@@ -53,12 +53,6 @@ public:
         return plugin::block{address, size, cost};
     }
 
-    result<void> deallocate(const plugin::allocation_record& record) {
-        NXMEM_TRY(released, release_allocation(record));
-        (void)released;
-        return boost::outcome_v2::success();
-    }
-
     result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
         NXMEM_TRY(cost, cost_of(record.size, record.alignment)); // it was computed once already
         const CUdeviceptr base = base_of(record);

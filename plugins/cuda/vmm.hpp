@@ -124,12 +124,6 @@ public:
         return plugin::block{static_cast<std::uint64_t>(address), size, 0};
     }
 
-    result<void> deallocate(const plugin::allocation_record& record) {
-        NXMEM_TRY(released, release_allocation(record));
-        (void)released;
-        return boost::outcome_v2::success();
-    }
-
     // COMPLETE with unmapped_bytes = the committed private bytes (the prefix is costed apart);
     // QUARANTINED when the driver kept some chunks.
     result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {

@@ -1,9 +1,12 @@
 // posix-eager: memory that is usable, and costs, from the moment it is allocated.
-//   small (under 256 KiB, aligned to at most a page)  posix_memalign from the C heap
+//   small (under 256 KiB, aligned to at most a page)  malloc from the C heap (posix_memalign
+//                                                     when aligned beyond malloc's guarantee)
 //   large (everything else)                           an anonymous private mmap, over-mapped by
 //                                                     the alignment and trimmed with munmap
-// The path is a pure function of (size, alignment), so deallocate finds it again from the
-// kit's record: the mechanism keeps no per-allocation state and takes no lock of its own.
+// The path is a pure function of (size, alignment), so a release finds it again from the kit's
+// record: the mechanism keeps no per-allocation state and takes no lock of its own. A small
+// allocation without a budget costs what the C heap's own malloc and free cost plus two counts
+// in this thread's cell: no locked instruction, no text, nothing shared with other threads.
 #pragma once
 
 #include "budget.hpp"
@@ -13,6 +16,7 @@
 #include <nxmem/plugin.hpp>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -28,7 +32,7 @@ public:
     static constexpr std::uint64_t small_limit = 256 * 1024;
 
     eager_mechanism(const settings& taken, const plugin::open_context& context)
-        : settings_(taken),
+        : settings_(taken), page_(page_bytes()),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     static result<std::unique_ptr<eager_mechanism>> open(plugin::open_context& context) {
@@ -37,71 +41,107 @@ public:
     }
 
     result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        if (is_small(size, alignment) && !budget_.limited()) [[likely]] {
+            if (void* memory = heap_allocate(size, alignment); memory != nullptr) [[likely]] {
+                count(1, static_cast<std::int64_t>(size));
+                return plugin::block{reinterpret_cast<std::uint64_t>(memory), size, size};
+            }
+        }
+        return allocate_charged(size, alignment);
+    }
+
+    // Releases through the kit's deallocate (which forwards here) and its release_allocation.
+    result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
+        if (is_small(record.size, record.alignment)) [[likely]] {
+            std::free(reinterpret_cast<void*>(record.address));
+            budget_.credit(record.size);
+            count(-1, -static_cast<std::int64_t>(record.size));
+            return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
+        }
+        return release_mapping(record);
+    }
+
+    // Everything eager is mapped from the start.
+    result<allocator_usage> usage() const {
+        const auto allocations = static_cast<std::uint64_t>(usage_.sum(live_allocations));
+        const auto bytes = static_cast<std::uint64_t>(usage_.sum(live_bytes));
+        return allocator_usage{allocations, bytes, bytes, 0, 0};
+    }
+
+private:
+    enum usage_field : std::size_t { live_allocations, live_bytes, usage_fields };
+
+    void count(std::int64_t allocations, std::int64_t bytes) noexcept {
+        auto cell = usage_.this_thread();
+        cell.add(live_allocations, allocations);
+        cell.add(live_bytes, bytes);
+    }
+
+    bool is_small(std::uint64_t size, std::uint64_t alignment) const noexcept {
+        return size < small_limit && alignment <= page_;
+    }
+
+    // malloc's own alignment covers every fundamental type (16 bytes on x86-64 glibc); beyond
+    // it, posix_memalign. Both are released with free.
+    static void* heap_allocate(std::uint64_t size, std::uint64_t alignment) noexcept {
+        if (alignment <= alignof(std::max_align_t)) {
+            return std::malloc(static_cast<std::size_t>(size));
+        }
+        void* memory = nullptr;
+        return ::posix_memalign(&memory, static_cast<std::size_t>(alignment),
+                                static_cast<std::size_t>(size)) == 0
+                   ? memory
+                   : nullptr;
+    }
+
+    // Everything but an unbudgeted small allocation the heap granted at once: a budget to charge
+    // (asking the host to reclaim when short), a mapping, or the heap's refusal to explain.
+    result<plugin::block> allocate_charged(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(cost, cost_of(size, alignment));
         NXMEM_TRY(address, budget_.charged<std::uint64_t>(cost, [&] {
             return is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment);
         }));
-        live_allocations_.fetch_add(1, std::memory_order_relaxed);
-        live_bytes_.fetch_add(cost, std::memory_order_relaxed);
+        count(1, static_cast<std::int64_t>(cost));
         return plugin::block{address, cost, cost};
     }
 
-    result<void> deallocate(const plugin::allocation_record& record) {
-        NXMEM_TRY(released, release_allocation(record));
-        (void)released;
-        return boost::outcome_v2::success();
-    }
-
-    result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
+    result<plugin::release_outcome> release_mapping(const plugin::allocation_record& record) {
         NXMEM_TRY(cost, cost_of(record.size, record.alignment)); // it was computed once already
-        if (is_small(record.size, record.alignment)) {
-            std::free(reinterpret_cast<void*>(record.address));
-        } else if (unmap(record.address, cost) != 0) {
+        if (unmap(record.address, cost) != 0) {
             const int code = errno;
             return fail(status_code::internal_error,
                         std::string(name) + ": munmap failed: " + errno_text(code));
         }
         budget_.credit(cost);
-        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
-        live_bytes_.fetch_sub(cost, std::memory_order_relaxed);
+        count(-1, -static_cast<std::int64_t>(cost));
         return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
-    }
-
-    // Everything eager is mapped from the start.
-    result<allocator_usage> usage() const {
-        const std::uint64_t bytes = live_bytes_.load(std::memory_order_relaxed);
-        return allocator_usage{live_allocations_.load(std::memory_order_relaxed), bytes, bytes, 0, 0};
-    }
-
-private:
-    static bool is_small(std::uint64_t size, std::uint64_t alignment) noexcept {
-        return size < small_limit && alignment <= page_bytes();
     }
 
     // What an allocation costs and reports as its usable size: the size itself from the heap,
     // whole pages from mmap.
-    static result<std::uint64_t> cost_of(std::uint64_t size, std::uint64_t alignment) {
+    result<std::uint64_t> cost_of(std::uint64_t size, std::uint64_t alignment) const {
         if (is_small(size, alignment)) {
             return size;
         }
-        return round_up(size, page_bytes(), name);
+        return round_up(size, page_, name);
     }
 
     static result<std::uint64_t> from_heap(std::uint64_t size, std::uint64_t alignment) {
-        void* memory = nullptr;
-        const std::size_t at_least = alignment < sizeof(void*) ? sizeof(void*) : alignment;
-        const int code = ::posix_memalign(&memory, at_least, static_cast<std::size_t>(size));
-        if (code != 0 || memory == nullptr) {
+        errno = 0;
+        void* memory = heap_allocate(size, alignment);
+        if (memory == nullptr) {
+            const int code = errno;
             return fail(status_code::out_of_memory,
-                        std::string(name) + ": posix_memalign of " + std::to_string(size) +
-                            " bytes failed: " + errno_text(code == 0 ? ENOMEM : code));
+                        std::string(name) + ": the C heap refused " + std::to_string(size) +
+                            " bytes aligned to " + std::to_string(alignment) + ": " +
+                            errno_text(code == 0 ? ENOMEM : code));
         }
         return reinterpret_cast<std::uint64_t>(memory);
     }
 
     result<std::uint64_t> from_mmap(std::uint64_t length, std::uint64_t alignment) {
         const bool huge = settings_.huge_pages && length >= huge_page_bytes;
-        const std::uint64_t page = page_bytes();
+        const std::uint64_t page = page_;
         std::uint64_t placed = alignment < page ? page : alignment;
         if (huge && placed < huge_page_bytes) {
             placed = huge_page_bytes;
@@ -124,11 +164,12 @@ private:
     }
 
     settings settings_;
+    std::uint64_t page_;
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
-    // Per allocator, not per module: no cache line shared by every allocator's threads.
-    std::atomic<std::uint64_t> live_allocations_{0};
-    std::atomic<std::uint64_t> live_bytes_{0};
+    // Per allocator and per thread: no cache line shared by every allocator's threads, no locked
+    // instruction per allocation.
+    plugin::thread_tally<usage_fields> usage_;
 };
 
 } // namespace nxmem::posix

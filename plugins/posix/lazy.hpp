@@ -5,7 +5,10 @@
 //                         aligned as asked (at least to a page); costs no memory
 //   commit                mprotect(PROT_READ|PROT_WRITE) per run of uncommitted pages in the range
 //                         (+ MADV_POPULATE_WRITE with populate=1)
-//   decommit              madvise(MADV_DONTNEED) + mprotect(PROT_NONE) per committed run
+//   decommit              mmap(PROT_NONE, MAP_FIXED|MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)
+//                         per committed run: one call that drops the pages and reserves the
+//                         range again (+ MADV_HUGEPAGE again with huge_pages=1); should it fail,
+//                         madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
 //   create_shared_prefix  memfd_create(MFD_CLOEXEC) + ftruncate to whole pages
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
@@ -109,12 +112,6 @@ public:
         return plugin::block{address, size, 0};
     }
 
-    result<void> deallocate(const plugin::allocation_record& record) {
-        NXMEM_TRY(released, release_allocation(record));
-        (void)released;
-        return boost::outcome_v2::success();
-    }
-
     // COMPLETE with unmapped_bytes = the committed private bytes (the prefix is costed apart).
     result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
         NXMEM_TRY(held, take(record));
@@ -184,17 +181,19 @@ public:
         for (const page_run& run : held->committed.committed_within(first, pages.second)) {
             const std::uint64_t at = held->address + run.first * page;
             const std::uint64_t length = (run.second - run.first) * page;
-            // The pages go back first; if the protection change then fails (the kernel's map
-            // count), they stay committed, zero-filled, and the failure is reported.
-            (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
-                            MADV_DONTNEED);
-            if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
-                           PROT_NONE) != 0) {
-                const int code = errno;
-                return fail(status_code::internal_error,
-                            std::string(name) + ": mprotect(PROT_NONE) of " +
-                                std::to_string(length) + " bytes failed: " + errno_text(code) +
-                                "; those pages were emptied but stay committed");
+            if (!reserve_again(at, length)) [[unlikely]] {
+                // The pages go back first; if the protection change then fails (the kernel's
+                // map count), they stay committed, zero-filled, and the failure is reported.
+                (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                                MADV_DONTNEED);
+                if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
+                               PROT_NONE) != 0) {
+                    const int code = errno;
+                    return fail(status_code::internal_error,
+                                std::string(name) + ": mprotect(PROT_NONE) of " +
+                                    std::to_string(length) + " bytes failed: " +
+                                    errno_text(code) + "; those pages were emptied but stay committed");
+                }
             }
             held->uncommit(run);
             budget_.credit(held->bytes_of(run));
@@ -423,6 +422,21 @@ private:
             wanted -= bytes;
         }
         return boost::outcome_v2::success();
+    }
+
+    // Replaces [at, at + length) of a reservation with a fresh uncommitted one: the pages are
+    // freed and the range is inaccessible again, in one system call. False when the kernel
+    // refused it; the caller then takes the two-call way.
+    bool reserve_again(std::uint64_t at, std::uint64_t length) noexcept {
+        void* placed = ::mmap(reinterpret_cast<void*>(at), static_cast<std::size_t>(length), PROT_NONE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (placed == MAP_FAILED) {
+            return false;
+        }
+        if (settings_.huge_pages) {
+            advise_huge_pages(at, length); // a new mapping does not inherit the advice
+        }
+        return true;
     }
 
     // After a failed MAP_FIXED the old pages may be gone: reserve them again, uncommitted.

@@ -395,7 +395,7 @@ private:
     ~no_misuse_check_allocator() {
         for (const auto& [address, record] : live_) {
             give_back_host_memory(record);
-            nxmem::plugin::this_module().live_allocations.fetch_sub(1);
+            counts_.add(nxmem::plugin::allocator_counts::allocations, -1);
         }
         nxmem::plugin::this_module().live_allocators.fetch_sub(1);
     }
@@ -432,7 +432,7 @@ private:
                 object.live_[address] =
                     allocation_record{address, request.size, request.alignment, request.allocation_id, {}};
             }
-            nxmem::plugin::this_module().live_allocations.fetch_add(1);
+            object.counts_.add(nxmem::plugin::allocator_counts::allocations, 1);
             auto written = nxmem::abi::make_struct<NxmemAllocResult>();
             written.address = address;
             written.size = request.size;
@@ -459,7 +459,7 @@ private:
                 object.live_.erase(found);
             }
             give_back_host_memory(record);
-            nxmem::plugin::this_module().live_allocations.fetch_sub(1);
+            object.counts_.add(nxmem::plugin::allocator_counts::allocations, -1);
             return boost::outcome_v2::success();
         });
     }
@@ -481,6 +481,7 @@ private:
     nxmem::device_id device_;
     std::mutex mutex_;
     std::unordered_map<std::uint64_t, allocation_record> live_;
+    nxmem::plugin::allocator_counts counts_; // what the module's unload report sums
 };
 
 struct no_misuse_check_mechanism {

@@ -652,3 +652,45 @@ TEST_CASE("U4: a failing readiness report refuses unload with its code", "[rules
     fail_readiness(NXMEM_STATUS_OK);
     require_unloads(module, path);
 }
+
+// ---- Slots (the kit) ----
+
+TEST_CASE("S7: the kit forwards deallocate to a mechanism that defines only release_allocation",
+          "[rules][slots]") {
+    const std::string path = probe_path();
+    auto module = load_or_fail(path);
+    test::library_handle handle(path);
+    auto fail_releases = probe_function<void (*)(bool)>(path, "NxmemProbeFailReleaseOnly");
+    {
+        auto allocator = open_or_fail<cpu_device>(module, "release-only");
+        NxmemAllocatorVtable* raw = allocator.raw_table();
+        const NxmemAllocatorVtable& slots = allocator.checked_table();
+        REQUIRE(slots.deallocate != nullptr);
+        NxmemStatus status = nxmem::abi::make_status();
+        auto output = nxmem::abi::make_struct<NxmemAllocResult>();
+
+        // Through the deallocate slot, one call of release_allocation, and the allocation is gone.
+        NxmemAllocRequest request = alloc_request(allocator, 1u << 30, 100, 64);
+        REQUIRE(slots.allocate(raw, &request, &output, &status) == NXMEM_STATUS_OK);
+        NxmemAllocation release = described(request, output.address);
+        const std::uint64_t calls_before = handle.counter("NxmemProbeReleaseOnlyCalls");
+        CHECK(slots.deallocate(raw, &release, &status) == NXMEM_STATUS_OK);
+        CHECK(handle.counter("NxmemProbeReleaseOnlyCalls") - calls_before == 1);
+        CHECK(value_or_fail(module->readiness()).plugin.allocations == 0);
+
+        // A FAILED outcome is a failed deallocate: the allocation stays live, and a later
+        // deallocate of the same description succeeds.
+        request = alloc_request(allocator, (1u << 30) + 1, 200, 64);
+        REQUIRE(slots.allocate(raw, &request, &output, &status) == NXMEM_STATUS_OK);
+        release = described(request, output.address);
+        fail_releases(true);
+        CHECK(slots.deallocate(raw, &release, &status) == NXMEM_STATUS_INTERNAL_ERROR);
+        CHECK_THAT(nxmem::abi::read_status_message(status), Catch::Contains("failed release"));
+        CHECK(value_or_fail(module->readiness()).plugin.allocations == 1);
+        fail_releases(false);
+        CHECK(slots.deallocate(raw, &release, &status) == NXMEM_STATUS_OK);
+        CHECK(value_or_fail(module->readiness()).plugin.allocations == 0);
+    }
+    handle.close();
+    require_unloads(module, path);
+}

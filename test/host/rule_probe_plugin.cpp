@@ -41,16 +41,20 @@ struct probe_counters {
     std::atomic<std::uint64_t> release_allocation_calls{0};
     std::atomic<void (*)(void*)> enqueue_hook{nullptr};
     std::atomic<void*> enqueue_hook_context{nullptr};
+    std::atomic<std::uint64_t> release_only_calls{0}; // release-only's release_allocation
+    std::atomic<bool> release_only_fails{false};       // ... reports FAILED while set
 };
 probe_counters counters;
 
 
 // Eager heap memory: what most probes allocate, so that only the rule they probe differs.
-struct heap_memory {
+struct heap_allocation {
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(address, take_host_memory(size, alignment));
         return block{address, size, size};
     }
+};
+struct heap_memory : heap_allocation {
     result<void> deallocate(const allocation_record& record) {
         give_back_host_memory(record);
         return boost::outcome_v2::success();
@@ -406,12 +410,35 @@ struct failing_enqueue_mechanism : altered_mechanism<failing_enqueue_mechanism, 
     static void alter(NxmemAllocatorVtable& table) { table.enqueue_release = &enqueue; }
 };
 
+// S7: defines release_allocation and no deallocate; the kit's deallocate slot forwards to it.
+// Reports FAILED while NxmemProbeFailReleaseOnly(true) is in force.
+struct release_only_mechanism : heap_allocation {
+    static constexpr const char* name = "release-only";
+    static constexpr std::uint64_t mechanism_id = 30;
+    static constexpr std::uint64_t device_types = cpu_only;
+
+    static result<std::unique_ptr<release_only_mechanism>> open(open_context&) {
+        return std::make_unique<release_only_mechanism>();
+    }
+    result<release_outcome> release_allocation(const allocation_record& record) {
+        counters.release_only_calls.fetch_add(1);
+        if (counters.release_only_fails.load()) {
+            return release_outcome{NXMEM_RELEASE_FAILED, 0, 0};
+        }
+        give_back_host_memory(record);
+        return release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
+    }
+};
+static_assert(!nxmem::plugin::defines_deallocate<release_only_mechanism>);
+static_assert(nxmem::plugin::mechanism<release_only_mechanism>);
+
 using exports = nxmem::plugin::plugin_exports<
     rounding_mechanism, one_slot_mechanism, reissuing_mechanism, quarantining_deferred_mechanism,
     future_state_deferred_mechanism, unknown_ticket_mechanism, malformed_completion_mechanism,
     foreign_id_mechanism, foreign_device_mechanism, null_backing_slot_mechanism,
     null_mapping_slot_mechanism, ok_with_error_status_mechanism, error_with_ok_status_mechanism,
-    null_address_mechanism, misaligned_mechanism, short_result_mechanism, failing_enqueue_mechanism>;
+    null_address_mechanism, misaligned_mechanism, short_result_mechanism, failing_enqueue_mechanism,
+    release_only_mechanism>;
 
 void note_call_before_negotiate() {
     if (counters.negotiate_calls.load() == 0) {
@@ -468,4 +495,11 @@ extern "C" NXMEM_PLUGIN_EXPORT void NxmemProbeFailReadiness(std::uint32_t code) 
 extern "C" NXMEM_PLUGIN_EXPORT void NxmemProbeSetEnqueueHook(void (*hook)(void*), void* context) {
     counters.enqueue_hook_context.store(context);
     counters.enqueue_hook.store(hook);
+}
+extern "C" NXMEM_PLUGIN_EXPORT std::uint64_t NxmemProbeReleaseOnlyCalls() {
+    return counters.release_only_calls.load();
+}
+// Makes release-only's release_allocation report FAILED (true) or release (false).
+extern "C" NXMEM_PLUGIN_EXPORT void NxmemProbeFailReleaseOnly(bool fails) {
+    counters.release_only_fails.store(fails);
 }

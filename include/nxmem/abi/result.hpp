@@ -19,6 +19,13 @@ struct error {
     status_code code = status_code::internal_error;
     std::string message;
 
+    // User-provided on purpose: Boost.Outcome's result<T> holds an error beside its value even on
+    // success, and value-initialising an error whose constructor is implicit zero-fills it first.
+    // A successful result then costs a zero-fill on every hot path; with these it costs the three
+    // stores of an empty string.
+    error() noexcept {}
+    error(status_code failed, std::string text) noexcept : code(failed), message(std::move(text)) {}
+
     // "CODE: message", the form every tool prints.
     std::string describe() const {
         std::string text(status_code_name(code));

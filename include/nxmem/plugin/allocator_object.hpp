@@ -1,6 +1,12 @@
 // The C allocator table the kit builds around one instance of a mechanism class. Every slot runs
 // inside the guard, reads its request with read_request, checks mechanism and device, and checks
 // the host's description of an allocation against the kit's record before the mechanism sees it.
+//
+// The hot slots (allocate, deallocate, release_allocation, commit, decommit) do all of that
+// without allocating and without writing a cache line other threads share: checks compare
+// numbers and build their message only on failure, counts go to this allocator's per-thread
+// cells, and an output is written once, when there is something to write. docs/PLUGINS.md
+// ("What the kit costs per call") has the figures.
 #pragma once
 
 #include <nxmem/abi/request.hpp>
@@ -45,6 +51,26 @@ template <class Body> NxmemStatusCode run_slot(NxmemStatus* status, Body&& body)
         result<void> outcome = body();
         return outcome ? NXMEM_STATUS_OK : report(status, outcome.error());
     });
+}
+
+// The failure reports of the hot slots, kept out of line: they build text, the success path
+// never does.
+[[gnu::cold]] inline NxmemStatusCode report_failure(NxmemStatus* status, const error& failure) {
+    return report(status, failure);
+}
+template <class T>
+[[gnu::cold]] NxmemStatusCode report_request_problem(NxmemStatus* status, const T* raw,
+                                                     abi::wire_problem problem) {
+    return report(status, abi::describe_request_problem(raw, problem));
+}
+template <class T>
+[[gnu::cold]] NxmemStatusCode report_output_problem(NxmemStatus* status, const T* out,
+                                                    abi::wire_problem problem) {
+    return report(status, abi::describe_output_problem(out, problem));
+}
+
+constexpr bool is_power_of_two(std::uint64_t value) noexcept {
+    return value != 0 && (value & (value - 1)) == 0; // no popcount call on targets without one
 }
 
 } // namespace detail
@@ -119,13 +145,13 @@ private:
     // Whatever the host left live goes back to the mechanism before the allocator goes away.
     ~allocator_object() {
         for (const allocation_record& record : registry_.take_all()) {
-            (void)mechanism_->deallocate(record);
+            (void)release_to_mechanism(record);
             forget(record);
         }
         for (const queued_release& queued : queue_) {
-            (void)mechanism_->deallocate(queued.record);
+            (void)release_to_mechanism(queued.record);
             forget(queued.record);
-            this_module().queued_releases.fetch_sub(1);
+            counts_.add(allocator_counts::queued_releases, -1);
         }
         if constexpr (offers_shared_mapping<M>) {
             for (const auto& [prefix_id, references] : prefix_references_) {
@@ -142,8 +168,21 @@ private:
         return *static_cast<allocator_object*>(reinterpret_cast<detail::allocator_shell*>(table)->owner);
     }
 
-    // The checks every call makes before anything is touched.
+    // Whether an object named by mechanism and device belongs to this allocator: the check every
+    // call makes before anything is touched. Compares numbers; check_identity says why not.
+    bool owns(std::uint64_t mechanism_id, const NxmemDeviceId& device) const noexcept {
+        return mechanism_id == M::mechanism_id && device_id::from_wire(device) == device_;
+    }
+    [[gnu::cold]] NxmemStatusCode report_identity(NxmemStatus* status, std::uint64_t mechanism_id,
+                                                  const NxmemDeviceId& device) const {
+        return detail::report_failure(status, check_identity(mechanism_id, device).error());
+    }
+
+    // The same check as a result, naming what does not match.
     result<void> check_identity(std::uint64_t mechanism_id, const NxmemDeviceId& device) const {
+        if (owns(mechanism_id, device)) [[likely]] {
+            return boost::outcome_v2::success();
+        }
         if (mechanism_id != M::mechanism_id) {
             return fail(status_code::wrong_mechanism,
                         "object of mechanism " + std::to_string(mechanism_id) + " handed to " +
@@ -160,10 +199,30 @@ private:
         return boost::outcome_v2::success();
     }
 
+    // Hands an allocation back through the mechanism's deallocate, or, for a mechanism that
+    // defines only release_allocation, through that: the one place the kit forwards a deallocate.
+    // A FAILED outcome is a failed deallocate, and the allocation stays live.
+    result<void> release_to_mechanism(const allocation_record& record) {
+        if constexpr (defines_deallocate<M>) {
+            return mechanism_->deallocate(record);
+        } else {
+            NXMEM_TRY(released, mechanism_->release_allocation(record));
+            if (released.state == NXMEM_RELEASE_FAILED) {
+                return failed_release();
+            }
+            return boost::outcome_v2::success();
+        }
+    }
+    [[gnu::cold]] static auto failed_release() {
+        return fail(status_code::internal_error, std::string(M::name) + " reported a failed release");
+    }
+
     // The allocation is gone: uncount it and drop the references its mappings held.
     void forget(const allocation_record& record) {
-        this_module().live_allocations.fetch_sub(1);
-        this_module().live_views.fetch_sub(record.prefixes.size());
+        counts_.add(allocator_counts::allocations, -1);
+        if (!record.prefixes.empty()) {
+            counts_.add(allocator_counts::views, -static_cast<std::int64_t>(record.prefixes.size()));
+        }
         if constexpr (offers_shared_mapping<M>) {
             for (std::uint64_t prefix_id : record.prefixes) {
                 (void)drop_prefix_reference(prefix_id); // the id is live: it was mapped
@@ -175,49 +234,99 @@ private:
 
     static NxmemStatusCode slot_allocate(NxmemAllocatorVtable* table, const NxmemAllocRequest* raw,
                                          NxmemAllocResult* out, NxmemStatus* status) noexcept {
-        return detail::run_slot(status, [&]() -> result<void> {
+        return guard_status(status, [&]() -> NxmemStatusCode {
             allocator_object& object = self(table);
-            NXMEM_TRY(request, abi::read_request(raw));
-            NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
-            if (request.flags != 0) {
-                return fail(status_code::invalid_argument,
-                            "unknown allocation flags 0x" + nxmem::detail::to_hex(request.flags) +
-                                " (major 1 defines none)");
+            NxmemAllocRequest request;
+            if (const auto problem = abi::copy_request(raw, request); problem != abi::wire_problem::none) {
+                return detail::report_request_problem(status, raw, problem);
             }
-            if (request.size == 0 || !std::has_single_bit(request.alignment)) {
-                return fail(status_code::invalid_argument,
-                            "size must be non-zero and alignment a power of two (size " +
-                                std::to_string(request.size) + ", alignment " +
-                                std::to_string(request.alignment) + ")");
+            if (!object.owns(request.mechanism_id, request.device)) [[unlikely]] {
+                return object.report_identity(status, request.mechanism_id, request.device);
+            }
+            if (request.flags != 0 || request.size == 0 || !detail::is_power_of_two(request.alignment))
+                [[unlikely]] {
+                return detail::report_failure(status, malformed_allocation(request));
             }
             // Refuse an unusable output before allocating, so nothing can leak.
-            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
-            NXMEM_TRY(memory, object.mechanism_->allocate(request.size, request.alignment));
-            object.registry_.insert(
-                {memory.address, request.size, request.alignment, request.allocation_id, {}});
-            this_module().live_allocations.fetch_add(1);
-            auto written = abi::make_struct<NxmemAllocResult>();
-            written.address = memory.address;
-            written.size = memory.size;
-            written.mapped_bytes = memory.mapped_bytes;
-            return abi::write_output(out, written);
+            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+                return detail::report_output_problem(status, out, problem);
+            }
+            result<block> memory = object.mechanism_->allocate(request.size, request.alignment);
+            if (!memory) [[unlikely]] {
+                return detail::report_failure(status, memory.error());
+            }
+            const block& made = memory.value();
+            try {
+                object.registry_.insert(
+                    {made.address, request.size, request.alignment, request.allocation_id, {}});
+            } catch (...) {
+                // Unrecorded, it could never be released: hand it back before reporting.
+                (void)object.release_to_mechanism(
+                    {made.address, request.size, request.alignment, request.allocation_id, {}});
+                throw;
+            }
+            object.counts_.add(allocator_counts::allocations, 1);
+            NxmemAllocResult written;
+            written.struct_size = sizeof written;
+            written.reserved = 0;
+            written.address = made.address;
+            written.size = made.size;
+            written.mapped_bytes = made.mapped_bytes;
+            abi::store_output(out, written);
+            return NXMEM_STATUS_OK;
         });
+    }
+
+    [[gnu::cold]] static error malformed_allocation(const NxmemAllocRequest& request) {
+        if (request.flags != 0) {
+            return {status_code::invalid_argument,
+                    "unknown allocation flags 0x" + nxmem::detail::to_hex(request.flags) +
+                        " (major 1 defines none)"};
+        }
+        return {status_code::invalid_argument,
+                "size must be non-zero and alignment a power of two (size " +
+                    std::to_string(request.size) + ", alignment " +
+                    std::to_string(request.alignment) + ")"};
+    }
+
+    // Reads the host's description, checks its identity and takes the matching record out of
+    // the registry. On failure reports into `status`, sets `failed` and returns false.
+    bool take_described(const NxmemAllocation* raw, allocation_record& record, NxmemStatus* status,
+                        NxmemStatusCode& failed) {
+        NxmemAllocation described;
+        if (const auto problem = abi::copy_request(raw, described); problem != abi::wire_problem::none) {
+            failed = detail::report_request_problem(status, raw, problem);
+            return false;
+        }
+        if (!owns(described.mechanism_id, described.device)) [[unlikely]] {
+            failed = report_identity(status, described.mechanism_id, described.device);
+            return false;
+        }
+        result<allocation_record> taken = registry_.take(described);
+        if (!taken) [[unlikely]] {
+            failed = detail::report_failure(status, taken.error());
+            return false;
+        }
+        record = std::move(taken).value();
+        return true;
     }
 
     static NxmemStatusCode slot_deallocate(NxmemAllocatorVtable* table, const NxmemAllocation* raw,
                                            NxmemStatus* status) noexcept {
-        return detail::run_slot(status, [&]() -> result<void> {
+        return guard_status(status, [&]() -> NxmemStatusCode {
             allocator_object& object = self(table);
-            NXMEM_TRY(described, abi::read_request(raw));
-            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
-            NXMEM_TRY(record, object.registry_.take(described));
-            result<void> released = object.mechanism_->deallocate(record);
-            if (!released) {
+            allocation_record record;
+            NxmemStatusCode failed = NXMEM_STATUS_OK;
+            if (!object.take_described(raw, record, status, failed)) {
+                return failed;
+            }
+            result<void> released = object.release_to_mechanism(record);
+            if (!released) [[unlikely]] {
                 object.registry_.insert(record); // nothing changed: still live
-                return released;
+                return detail::report_failure(status, released.error());
             }
             object.forget(record);
-            return boost::outcome_v2::success();
+            return NXMEM_STATUS_OK;
         });
     }
 
@@ -238,26 +347,43 @@ private:
                                                    const NxmemAllocation* raw,
                                                    NxmemReleaseOutcome* out,
                                                    NxmemStatus* status) noexcept {
-        return detail::run_slot(status, [&]() -> result<void> {
+        return guard_status(status, [&]() -> NxmemStatusCode {
             allocator_object& object = self(table);
-            NXMEM_TRY(described, abi::read_request(raw));
-            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
-            auto written = abi::make_struct<NxmemReleaseOutcome>();
+            NxmemAllocation described;
+            if (const auto problem = abi::copy_request(raw, described); problem != abi::wire_problem::none) {
+                return detail::report_request_problem(status, raw, problem);
+            }
+            if (!object.owns(described.mechanism_id, described.device)) [[unlikely]] {
+                return object.report_identity(status, described.mechanism_id, described.device);
+            }
+            // An unusable output is refused before anything is released; a usable one says
+            // FAILED until the release has happened.
+            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+                return detail::report_output_problem(status, out, problem);
+            }
+            NxmemReleaseOutcome written;
+            written.struct_size = sizeof written;
             written.state = NXMEM_RELEASE_FAILED;
-            NXMEM_TRY_VOID(abi::write_output(out, written));
-            NXMEM_TRY(record, object.registry_.take(described));
+            written.unmapped_bytes = 0;
+            written.residual_owned_bytes = 0;
+            abi::store_output(out, written);
+            result<allocation_record> taken = object.registry_.take(described);
+            if (!taken) [[unlikely]] {
+                return detail::report_failure(status, taken.error());
+            }
+            const allocation_record& record = taken.value();
             result<release_outcome> released = object.mechanism_->release_allocation(record);
-            if (!released || released.value().state == NXMEM_RELEASE_FAILED) {
+            if (!released || released.value().state == NXMEM_RELEASE_FAILED) [[unlikely]] {
                 object.registry_.insert(record); // FAILED: the allocation is as live as before
-                return released ? fail(status_code::internal_error,
-                                       std::string(M::name) + " reported a failed release")
-                                : fail(released.error().code, released.error().message);
+                return detail::report_failure(status, released ? failed_release().error()
+                                                               : released.error());
             }
             object.forget(record);
             written.state = released.value().state;
             written.unmapped_bytes = released.value().unmapped_bytes;
             written.residual_owned_bytes = released.value().residual_owned_bytes;
-            return abi::write_output(out, written);
+            abi::store_output(out, written);
+            return NXMEM_STATUS_OK;
         });
     }
 
@@ -273,7 +399,7 @@ private:
             NXMEM_TRY(record, object.registry_.take(described));
             std::lock_guard lock(object.queue_mutex_);
             object.queue_.push_back({ticket, record});
-            this_module().queued_releases.fetch_add(1);
+            object.counts_.add(allocator_counts::queued_releases, 1);
             return boost::outcome_v2::success();
         });
     }
@@ -319,7 +445,7 @@ private:
                 std::lock_guard lock(queue_mutex_);
                 queue_.pop_front();
             }
-            this_module().queued_releases.fetch_sub(1);
+            counts_.add(allocator_counts::queued_releases, -1);
             forget(next.record);
             auto completion = abi::make_struct<NxmemReleaseCompletion>();
             completion.ticket = next.ticket;
@@ -491,7 +617,7 @@ private:
                                      "the allocation was released while the prefix was mapped")
                               : fail(commit.error().code, commit.error().message);
             }
-            this_module().live_views.fetch_add(1);
+            object.counts_.add(allocator_counts::views, 1);
             auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
             info.shared_bytes = commit.value().shared_bytes;
             info.newly_mapped_bytes = commit.value().newly_mapped_bytes;
@@ -548,6 +674,7 @@ private:
     };
 
     detail::allocator_shell shell_{};
+    allocator_counts counts_; // live allocations, views and queued releases, per thread
     NxmemVirtualBackingVtable virtual_backing_{}; // per allocator: its granularity is its own
     std::atomic<std::uint32_t> references_{1};
     std::unique_ptr<M> mechanism_;

@@ -72,14 +72,27 @@ concept raw_mechanism = mechanism_identity<M> &&
         { M::open_raw(request, out, status) } -> std::same_as<NxmemStatusCode>;
     };
 
-// "the mechanism opens per allocator, allocates and deallocates"
+// "the mechanism releases an allocation without reporting how"
+template <class M>
+concept defines_deallocate = requires(M& instance, const allocation_record& record) {
+    { instance.deallocate(record) } -> std::same_as<result<void>>;
+};
+
+// "the mechanism releases an allocation and reports how it ended"
+template <class M>
+concept defines_release_allocation = requires(M& instance, const allocation_record& record) {
+    { instance.release_allocation(record) } -> std::same_as<result<release_outcome>>;
+};
+
+// "the mechanism opens per allocator, allocates, and releases": by deallocate, by
+// release_allocation, or both. A mechanism with release_allocation alone gets the deallocate slot
+// from the kit, which forwards to it (a FAILED outcome is a failed deallocate).
 template <class M>
 concept mechanism = mechanism_identity<M> &&
-    requires(open_context& context, M& instance, std::uint64_t size, std::uint64_t alignment,
-             const allocation_record& record) {
+    (defines_deallocate<M> || defines_release_allocation<M>) &&
+    requires(open_context& context, M& instance, std::uint64_t size, std::uint64_t alignment) {
         { M::open(context) } -> std::same_as<result<std::unique_ptr<M>>>;
         { instance.allocate(size, alignment) } -> std::same_as<result<block>>;
-        { instance.deallocate(record) } -> std::same_as<result<void>>;
     };
 
 // NXMEM_CAP_VIRTUAL_BACKING: commit, decommit, mapped_bytes.
@@ -114,10 +127,7 @@ concept offers_deferred_release = mechanism<M> &&
 
 // NXMEM_CAP_STRUCTURED_RELEASE (minor 1): a release that reports its outcome.
 template <class M>
-concept offers_structured_release = mechanism<M> &&
-    requires(M& instance, const allocation_record& record) {
-        { instance.release_allocation(record) } -> std::same_as<result<release_outcome>>;
-    };
+concept offers_structured_release = mechanism<M> && defines_release_allocation<M>;
 
 // NXMEM_CAP_USAGE_QUERY (minor 2): the mechanism reports what one allocator holds now.
 template <class M>

@@ -1,41 +1,109 @@
-// What one plugin module holds, process-wide within that module: its live-object counters and the
-// version it negotiated. The kit's objects update these; NxmemQueryUnloadReadiness reports them.
+// What one plugin module holds, process-wide within that module: the version it negotiated, its
+// factory and allocator counters, and the allocators whose counts NxmemQueryUnloadReadiness sums.
 // The state is an inline function-local static: one per loaded module, which is why plugins are
 // built with -fno-gnu-unique (a GNU unique symbol would be shared across modules and pin them).
+//
+// What changes on every allocation (live allocations, views, queued releases) is counted per
+// allocator and per thread (allocator_counts), never in a cache line the whole module shares;
+// the module sums the live allocators' counts when the host asks.
 #pragma once
 
 #include <nxmem/nxmem_memory_abi.h>
+#include <nxmem/plugin/thread_tally.hpp>
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 namespace nxmem::plugin {
+
+class allocator_counts;
 
 struct module_state {
     std::atomic<std::uint32_t> negotiated_minor{NXMEM_ABI_MINOR_BASELINE};
     std::atomic<std::uint64_t> factories_created{0};
     std::atomic<std::uint64_t> factories_released{0};
     std::atomic<std::uint64_t> live_allocators{0};
-    std::atomic<std::uint64_t> live_allocations{0};
-    std::atomic<std::uint64_t> live_views{0};
     std::atomic<std::uint64_t> live_shared_prefixes{0};
-    std::atomic<std::uint64_t> queued_releases{0};
 
-    NxmemUnloadReport report() const noexcept {
-        NxmemUnloadReport report{};
-        report.struct_size = sizeof report;
-        report.live_allocators = live_allocators.load();
-        report.live_allocations = live_allocations.load();
-        report.live_views = live_views.load();
-        report.live_shared_prefixes = live_shared_prefixes.load();
-        report.queued_releases = queued_releases.load();
-        return report;
-    }
+    // Sums every live allocator's counts (and what allocators left counted when they went).
+    NxmemUnloadReport report() const noexcept;
+
+private:
+    friend class allocator_counts;
+    mutable std::mutex counts_mutex_;
+    allocator_counts* first_counts_ = nullptr; // an intrusive list: enlisting never allocates
+    std::int64_t left_counted_[3] = {};        // guarded by counts_mutex_
 };
 
 inline module_state& this_module() noexcept {
     static module_state state;
     return state;
+}
+
+// One allocator's live allocations, views and queued releases, counted per thread. Enlisted in
+// the module while it exists; what is still counted when it goes stays in the module's report
+// (the kit hands everything back first, so that is normally nothing).
+class allocator_counts {
+public:
+    enum field : std::size_t { allocations, views, queued_releases, field_count };
+
+    allocator_counts() noexcept {
+        module_state& module = this_module();
+        std::lock_guard lock(module.counts_mutex_);
+        next_ = module.first_counts_;
+        if (next_ != nullptr) {
+            next_->previous_ = this;
+        }
+        module.first_counts_ = this;
+    }
+    ~allocator_counts() {
+        module_state& module = this_module();
+        std::lock_guard lock(module.counts_mutex_);
+        for (std::size_t each = 0; each < field_count; ++each) {
+            module.left_counted_[each] += tally_.sum(each);
+        }
+        (previous_ != nullptr ? previous_->next_ : module.first_counts_) = next_;
+        if (next_ != nullptr) {
+            next_->previous_ = previous_;
+        }
+    }
+    allocator_counts(const allocator_counts&) = delete;
+    allocator_counts& operator=(const allocator_counts&) = delete;
+
+    void add(field which, std::int64_t delta) noexcept { tally_.add(which, delta); }
+    std::int64_t sum(field which) const noexcept { return tally_.sum(which); }
+
+private:
+    friend struct module_state;
+    thread_tally<field_count> tally_;
+    allocator_counts* previous_ = nullptr; // guarded by the module's counts_mutex_
+    allocator_counts* next_ = nullptr;
+};
+
+inline NxmemUnloadReport module_state::report() const noexcept {
+    std::int64_t totals[allocator_counts::field_count] = {};
+    {
+        std::lock_guard lock(counts_mutex_);
+        for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
+            totals[each] = left_counted_[each];
+        }
+        for (const allocator_counts* counts = first_counts_; counts != nullptr; counts = counts->next_) {
+            for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
+                totals[each] += counts->sum(static_cast<allocator_counts::field>(each));
+            }
+        }
+    }
+    NxmemUnloadReport report{};
+    report.struct_size = sizeof report;
+    report.live_allocators = live_allocators.load();
+    // A sum read while other threads count may pass below zero for a moment; it is reported as
+    // the unsigned count it wraps to, which is non-zero, so unload is refused, never allowed.
+    report.live_allocations = static_cast<std::uint64_t>(totals[allocator_counts::allocations]);
+    report.live_views = static_cast<std::uint64_t>(totals[allocator_counts::views]);
+    report.live_shared_prefixes = live_shared_prefixes.load();
+    report.queued_releases = static_cast<std::uint64_t>(totals[allocator_counts::queued_releases]);
+    return report;
 }
 
 } // namespace nxmem::plugin

@@ -1,0 +1,126 @@
+// The kit's per-thread counts (thread_tally, allocator_counts): what threads add is summed exactly,
+// also where one thread adds and another subtracts, and for threads beyond those that own a cell;
+// the module's report sums every allocator's counts and keeps what a dying allocator left counted.
+// In the suite 'concurrency', so it also runs under TSan.
+#include <nxmem/plugin/module_state.hpp>
+#include <nxmem/plugin/thread_tally.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <latch>
+#include <memory>
+#include <thread>
+#include <vector>
+
+using nxmem::plugin::allocator_counts;
+using nxmem::plugin::this_module;
+using nxmem::plugin::thread_tally;
+
+namespace {
+
+constexpr int rounds = 20000;
+
+// Runs `body(index)` on `count` threads that start together.
+template <class Body> void on_threads(int count, Body body) {
+    std::latch start(count);
+    std::vector<std::thread> threads;
+    for (int index = 0; index < count; ++index) {
+        threads.emplace_back([&, index] {
+            start.arrive_and_wait();
+            body(index);
+        });
+    }
+    for (std::thread& thread : threads) {
+        thread.join();
+    }
+}
+
+} // namespace
+
+TEST_CASE("two threads' counts on one tally sum exactly", "[kit][tally]") {
+    thread_tally<2> tally;
+    on_threads(2, [&](int index) {
+        for (int round = 0; round < rounds; ++round) {
+            tally.add(0, 1);
+            tally.add(1, index == 0 ? 3 : -1);
+        }
+    });
+    CHECK(tally.sum(0) == 2 * rounds);
+    CHECK(tally.sum(1) == 2 * rounds);
+}
+
+TEST_CASE("a count added on one thread and taken back on another sums to zero", "[kit][tally]") {
+    thread_tally<1> tally;
+    std::thread adder([&] {
+        for (int round = 0; round < rounds; ++round) {
+            tally.add(0, 1);
+        }
+    });
+    adder.join(); // the handoff a real allocation makes: allocated here, released there
+    CHECK(tally.sum(0) == rounds);
+    std::thread taker([&] {
+        for (int round = 0; round < rounds; ++round) {
+            tally.add(0, -1);
+        }
+    });
+    taker.join();
+    CHECK(tally.sum(0) == 0);
+}
+
+TEST_CASE("threads beyond those that own a cell share the last one and lose nothing",
+          "[kit][tally]") {
+    // More threads than cells: at least the last few share the shared cell, concurrently.
+    constexpr int threads = static_cast<int>(nxmem::plugin::detail::tally_cells) + 16;
+    thread_tally<1> tally;
+    on_threads(threads, [&](int) {
+        for (int round = 0; round < 1000; ++round) {
+            tally.add(0, 1);
+        }
+    });
+    CHECK(tally.sum(0) == threads * 1000);
+    CHECK(nxmem::plugin::detail::this_thread_tally_cell() < nxmem::plugin::detail::tally_cells);
+}
+
+TEST_CASE("the module's report sums every allocator's counts, from any thread",
+          "[kit][tally][module]") {
+    const NxmemUnloadReport before = this_module().report();
+    {
+        auto first = std::make_unique<allocator_counts>();
+        auto second = std::make_unique<allocator_counts>();
+        on_threads(2, [&](int index) {
+            allocator_counts& mine = index == 0 ? *first : *second;
+            for (int round = 0; round < rounds; ++round) {
+                mine.add(allocator_counts::allocations, 1);
+            }
+            mine.add(allocator_counts::views, 2);
+            mine.add(allocator_counts::queued_releases, 1);
+        });
+        NxmemUnloadReport during = this_module().report();
+        CHECK(during.live_allocations - before.live_allocations == 2 * rounds);
+        CHECK(during.live_views - before.live_views == 4);
+        CHECK(during.queued_releases - before.queued_releases == 2);
+
+        // Released on the other thread than the one that counted them.
+        on_threads(2, [&](int index) {
+            allocator_counts& theirs = index == 0 ? *second : *first;
+            for (int round = 0; round < rounds; ++round) {
+                theirs.add(allocator_counts::allocations, -1);
+            }
+            theirs.add(allocator_counts::views, -2);
+            theirs.add(allocator_counts::queued_releases, -1);
+        });
+        NxmemUnloadReport after = this_module().report();
+        CHECK(after.live_allocations == before.live_allocations);
+        CHECK(after.live_views == before.live_views);
+        CHECK(after.queued_releases == before.queued_releases);
+
+        // An allocator that goes with something still counted leaves it in the report, so the
+        // module does not look ready to unload.
+        first->add(allocator_counts::allocations, 1);
+        first.reset();
+        CHECK(this_module().report().live_allocations == before.live_allocations + 1);
+        second->add(allocator_counts::allocations, -1); // and it is taken back by another
+    }
+    CHECK(this_module().report().live_allocations == before.live_allocations);
+}

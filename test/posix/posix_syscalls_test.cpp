@@ -1,0 +1,157 @@
+// The system calls posix mechanisms make, counted without timing and without strace: this
+// executable is linked with --export-dynamic and defines mmap, munmap, mprotect and madvise, so
+// the plugin's calls (through its PLT) land here first; each is counted while counting is on and
+// handed on to the next definition (the C library's, or a sanitizer's).
+#include "posix_support.hpp"
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+using namespace nxmem;
+using nxmem::test::load_or_fail;
+using nxmem::test::open_or_fail;
+using nxmem::test::page_size;
+using nxmem::test::value_or_fail;
+
+namespace {
+
+struct syscall_counts {
+    std::atomic<bool> counting{false};
+    std::atomic<int> mmap{0};
+    std::atomic<int> mmap_fixed{0};
+    std::atomic<int> munmap{0};
+    std::atomic<int> mprotect{0};
+    std::atomic<int> madvise{0};
+};
+syscall_counts counts;
+
+template <class F> F next_definition(const char* name) {
+    return reinterpret_cast<F>(::dlsym(RTLD_NEXT, name));
+}
+
+// Counts what `body` calls; the counts are reset first.
+template <class Body> void count_calls(Body&& body) {
+    counts.mmap = 0;
+    counts.mmap_fixed = 0;
+    counts.munmap = 0;
+    counts.mprotect = 0;
+    counts.madvise = 0;
+    counts.counting = true;
+    body();
+    counts.counting = false;
+}
+
+bool counting() { return counts.counting.load(std::memory_order_relaxed); }
+
+} // namespace
+
+extern "C" {
+void* mmap(void* address, std::size_t length, int protection, int flags, int fd, off_t offset) {
+    static const auto next = next_definition<void* (*)(void*, std::size_t, int, int, int, off_t)>("mmap");
+    if (counting()) {
+        ++((flags & MAP_FIXED) != 0 ? counts.mmap_fixed : counts.mmap);
+    }
+    return next(address, length, protection, flags, fd, offset);
+}
+int munmap(void* address, std::size_t length) {
+    static const auto next = next_definition<int (*)(void*, std::size_t)>("munmap");
+    if (counting()) {
+        ++counts.munmap;
+    }
+    return next(address, length);
+}
+int mprotect(void* address, std::size_t length, int protection) {
+    static const auto next = next_definition<int (*)(void*, std::size_t, int)>("mprotect");
+    if (counting()) {
+        ++counts.mprotect;
+    }
+    return next(address, length, protection);
+}
+int madvise(void* address, std::size_t length, int advice) {
+    static const auto next = next_definition<int (*)(void*, std::size_t, int)>("madvise");
+    if (counting()) {
+        ++counts.madvise;
+    }
+    return next(address, length, advice);
+}
+}
+
+TEST_CASE("the interposed calls are the ones the plugin makes", "[posix][syscalls]") {
+    // If the plugin's calls bypassed this executable (a static link, a direct system call), every
+    // count below would read zero and prove nothing: check that one mapping is seen.
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "posix-eager");
+        count_calls([&] {
+            auto live = value_or_fail(eager.allocate(2ull << 20, 64));
+            REQUIRE(eager.release(live));
+        });
+        if (counts.mmap == 0) {
+            WARN("the plugin's mmap did not reach this executable's definition");
+        }
+        REQUIRE(counts.mmap == 1);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix-eager maps and unmaps 2 MiB with one call each, as a raw mmap and munmap do",
+          "[posix][syscalls]") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "posix-eager");
+        count_calls([&] {
+            auto live = value_or_fail(eager.allocate(2ull << 20, 64));
+            REQUIRE(eager.release(live));
+        });
+        CHECK(counts.mmap == 1);
+        CHECK(counts.munmap == 1);
+        CHECK(counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+        // A small allocation is the C heap's: no call of the plugin's own.
+        count_calls([&] {
+            auto live = value_or_fail(eager.allocate(64, 16));
+            REQUIRE(eager.release(live));
+        });
+        CHECK(counts.mmap + counts.munmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix-lazy makes one system call per step: reserve, commit, decommit, release",
+          "[posix][syscalls][lazy]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        auto backing = value_or_fail(lazy.virtual_backing());
+        const std::uint64_t size = 2ull << 20;
+        allocation<cpu_device> live{};
+        count_calls([&] { live = value_or_fail(lazy.allocate(size, page)); });
+        CHECK(counts.mmap == 1); // the reservation, page-aligned already: nothing to trim
+        CHECK(counts.munmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+
+        count_calls([&] { REQUIRE(backing.commit(live, {0, size})); });
+        CHECK(counts.mprotect == 1);
+        CHECK(counts.mmap + counts.munmap + counts.mmap_fixed + counts.madvise == 0);
+        std::memset(live.address, 0x5A, size);
+
+        // Decommit drops the pages and reserves the range again in one call.
+        count_calls([&] { REQUIRE(backing.decommit(live, {0, size})); });
+        CHECK(counts.mmap_fixed == 1);
+        CHECK(counts.mmap + counts.munmap + counts.mprotect + counts.madvise == 0);
+        CHECK(test::resident_pages(live.address, size / page) == 0);
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == 0);
+
+        // Recommitted, the pages read zero: the old contents are gone.
+        REQUIRE(backing.commit(live, {0, page}));
+        CHECK(static_cast<unsigned char*>(live.address)[0] == 0);
+
+        count_calls([&] { REQUIRE(lazy.release(live)); });
+        CHECK(counts.munmap == 1);
+        CHECK(counts.mmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+    }
+    REQUIRE(module->try_unload());
+}
