@@ -2,14 +2,13 @@
 // allocators stand beside, and the baseline the benchmarks measure them against.
 //
 // It costs what malloc costs: within malloc's own alignment it is malloc and free; allocation ids
-// come from a per-thread block of this allocator's ids, so an allocation takes no locked
-// instruction and writes no cache line another thread uses (one atomic add per id_block
-// allocations of a thread).
+// come from the allocator's sixteen padded counters (nxmem/detail/allocation_id_source.hpp), a
+// thread always from the same one, so threads on different counters share no cache line.
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
+#include <nxmem/detail/allocation_id_source.hpp>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,9 +20,6 @@ namespace nxmem {
 class heap_allocator {
 public:
     using device_type = cpu_device;
-
-    // A thread takes this many ids from the allocator at a time.
-    static constexpr std::uint64_t id_block = 1024;
 
     device_id device() const noexcept { return {NXMEM_DEVICE_CPU, 0}; }
 
@@ -39,7 +35,7 @@ public:
             return fail(status_code::out_of_memory,
                         "the C++ heap refused " + std::to_string(size) + " bytes");
         }
-        return allocation<cpu_device>{address, size, alignment, next_id(), 0, device()};
+        return allocation<cpu_device>{address, size, alignment, ids_.next(), 0, device()};
     }
 
     // The heap keeps no records: releasing is trusted, as with operator delete.
@@ -63,29 +59,7 @@ private:
                     std::to_string(size) + ", alignment " + std::to_string(alignment) + ")"};
     }
 
-    std::uint64_t next_id() noexcept {
-        // Keyed by the allocator's serial, never its address: a new allocator at a dead one's
-        // address must not continue the dead one's block.
-        struct block {
-            std::uint64_t owner = 0;
-            std::uint64_t next = 0;
-            std::uint64_t end = 0;
-        };
-        static thread_local block ids;
-        if (ids.owner != serial_ || ids.next == ids.end) [[unlikely]] {
-            const std::uint64_t first = next_id_.fetch_add(id_block, std::memory_order_relaxed);
-            ids = {serial_, first, first + id_block};
-        }
-        return ids.next++;
-    }
-
-    static std::uint64_t new_serial() noexcept {
-        static std::atomic<std::uint64_t> serials{1};
-        return serials.fetch_add(1, std::memory_order_relaxed);
-    }
-
-    const std::uint64_t serial_ = new_serial();
-    std::atomic<std::uint64_t> next_id_{1};
+    nxmem::detail::allocation_id_source ids_;
 };
 
 static_assert(assert_device_allocator<heap_allocator>());

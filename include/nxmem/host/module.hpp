@@ -10,7 +10,7 @@
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/version.hpp>
 #include <nxmem/detail/hex.hpp>
-#include <nxmem/host/detail/allocation_ids.hpp>
+#include <nxmem/detail/allocation_id_source.hpp>
 #include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 #include <nxmem/host/factory_info.hpp>
@@ -482,7 +482,7 @@ private:
     std::vector<std::shared_ptr<detail::allocator_core>> parked_;
     std::size_t parking_reserved_ = 0;
     detail::host_tally tally_;
-    detail::allocation_id_source allocation_ids_; // M3: drawn by every allocator of the module
+    nxmem::detail::allocation_id_source allocation_ids_; // M3: drawn by every allocator of the module
     mutable std::mutex allocators_mutex_;
     detail::allocation_count_link allocators_{}; // the list's sentinel
     std::atomic<state> state_{state::loading};

@@ -11,7 +11,7 @@
 #include <nxmem/host/callback_guard.hpp>
 #include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/completion.hpp>
-#include <nxmem/host/detail/allocation_ids.hpp>
+#include <nxmem/detail/allocation_id_source.hpp>
 #include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/live_table.hpp>
 #include <nxmem/host/detail/table_checks.hpp>

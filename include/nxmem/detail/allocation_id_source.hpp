@@ -1,10 +1,11 @@
-// Allocation ids (docs/ABI.md M3): unique across the module, never reused, never derived from an
-// address, and increasing in the order each thread allocates. The module owns sixteen counters,
+// Allocation ids (docs/ABI.md M3): unique across their source (a host module, a heap_allocator),
+// never reused, never derived from an address, and increasing in the order each thread allocates.
+// A source owns sixteen counters,
 // each on its own cache line; counter i issues i + 1, i + 1 + 16, i + 1 + 32, ... so no two
 // counters ever issue the same id. A thread always draws from the same counter, so threads that
 // draw from different counters write no cache line they share. The ids live in the module, not
 // in a process-wide variable: code that includes the host twice (two shared objects built with
-// hidden visibility) still draws one module's ids from one place.
+// hidden visibility) still draws one source's ids from one place.
 #pragma once
 
 #include <array>
@@ -12,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace nxmem::host::detail {
+namespace nxmem::detail {
 
 class allocation_id_source {
 public:
@@ -43,4 +44,4 @@ private:
     std::array<lane, lanes> lanes_;
 };
 
-} // namespace nxmem::host::detail
+} // namespace nxmem::detail
