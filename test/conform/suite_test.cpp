@@ -2,6 +2,7 @@
 // passes every check that applies to it, and each deliberately broken mechanism fails exactly the
 // checks for the rule it breaks.
 #include "../support/plugin_paths.hpp"
+#include "check_results.hpp"
 
 #include <nxmem/conform.hpp>
 #include <nxmem/host.hpp>
@@ -28,15 +29,7 @@ std::string failures_of(const std::vector<conform::check_result>& results) {
     return text.str();
 }
 
-std::set<std::string> failed_ids(const std::vector<conform::check_result>& results) {
-    std::set<std::string> ids;
-    for (const conform::check_result& result : results) {
-        if (result.failed()) {
-            ids.insert(result.id);
-        }
-    }
-    return ids;
-}
+using test::failed_ids;
 
 void require_conforms(const std::string& path, const std::string& mechanism, device_id device) {
     INFO("mechanism " << mechanism << " on " << device_type_name(device.type) << ":" << device.index);
