@@ -2,8 +2,8 @@
 // boundary fault planted per variant (fixtures/broken_boundary_plugin.c): each variant fails
 // exactly its check, with the offset it wrote at, and the unbroken example fails none. Also the
 // rule on embedded sealed records (ABI.md L10): a receiver does not judge their struct_size.
+#include "../support/conform_results.hpp"
 #include "../support/plugin_paths.hpp"
-#include "check_results.hpp"
 
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/status.hpp>
