@@ -52,7 +52,7 @@ static inline void nxmem_drop_split_utf8_tail(char *message) {
 
 /* The status writer, varargs form (ABI.md E3, E4): writes `code` if struct_size covers it, and a
  * formatted message, never past struct_size nor the NXMEM_STATUS_MESSAGE_BYTES buffer, truncated
- * to fit without splitting a UTF-8 sequence and always NUL-terminated. A NULL `status` receives
+ * to fit without splitting a UTF-8 sequence and always NUL-terminated. A NULL `status` (E10) receives
  * nothing. Returns `code`: the returned code, not the status, is what the host trusts (E3). */
 static inline NxmemStatusCode nxmem_report_v(NxmemStatus *status, NxmemStatusCode code,
                                              const char *format, va_list arguments) {

@@ -57,6 +57,7 @@ void print_conform_text(std::ostream& out, const std::vector<plugin_run>& runs) 
     std::size_t mechanisms = 0;
     std::size_t conforming = 0;
     std::size_t crashed = 0;
+    std::size_t timed_out = 0;
     std::size_t refused = 0;
     for (const plugin_run& run : runs) {
         out << "plugin " << run.path << '\n';
@@ -84,18 +85,18 @@ void print_conform_text(std::ostream& out, const std::vector<plugin_run>& runs) 
                 out << '\n';
             }
             if (mechanism.crash) {
-                out << "    CRASH " << *mechanism.crash << '\n';
-                ++crashed;
+                out << (mechanism.timed_out ? "    TIMEOUT " : "    CRASH ") << *mechanism.crash << '\n';
+                ++(mechanism.timed_out ? timed_out : crashed);
             }
             conforming += mechanism.conforms() ? 1 : 0;
             out << "    " << mechanism.name << ": " << counts(mechanism)
-                << (mechanism.crash ? ", crashed" : "")
+                << (!mechanism.crash ? "" : mechanism.timed_out ? ", timed out" : ", crashed")
                 << (mechanism.conforms() ? " -- conforms" : " -- DOES NOT CONFORM") << "\n\n";
         }
     }
     out << "summary: " << mechanisms << " mechanism(s) in " << runs.size() << " plugin(s): "
         << conforming << " conform, " << (mechanisms - conforming) << " do not (" << crashed
-        << " crashed)";
+        << " crashed, " << timed_out << " timed out)";
     if (refused > 0) {
         out << "; " << refused << " plugin(s) refused";
     }
@@ -115,7 +116,10 @@ nlohmann::ordered_json conform_to_json(const std::vector<plugin_run>& runs) {
             entry["name"] = mechanism.name;
             entry["device"] = mechanism.device;
             entry["conforms"] = mechanism.conforms();
-            entry["crash"] = mechanism.crash ? nlohmann::ordered_json(*mechanism.crash) : nullptr;
+            const bool crashed = mechanism.crash && !mechanism.timed_out;
+            const bool hung = mechanism.crash && mechanism.timed_out;
+            entry["crash"] = crashed ? nlohmann::ordered_json(*mechanism.crash) : nullptr;
+            entry["timeout"] = hung ? nlohmann::ordered_json(*mechanism.crash) : nullptr;
             entry["passed"] = mechanism.count(conform::outcome::pass);
             entry["failed"] = mechanism.count(conform::outcome::fail);
             entry["not_applicable"] = mechanism.count(conform::outcome::not_applicable);
@@ -178,7 +182,8 @@ void write_conform_junit(std::ostream& out, const std::vector<plugin_run>& runs)
             out << "    <properties>\n      <property name=\"device\" value=\""
                 << xml_escape(mechanism.device) << "\"/>\n";
             if (mechanism.crash) {
-                out << "      <property name=\"crash\" value=\"" << xml_escape(*mechanism.crash)
+                out << "      <property name=\"" << (mechanism.timed_out ? "timeout" : "crash")
+                    << "\" value=\"" << xml_escape(*mechanism.crash)
                     << "\"/>\n";
             }
             out << "    </properties>\n";

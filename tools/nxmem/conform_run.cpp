@@ -1,20 +1,14 @@
 #include "conform_run.hpp"
 
+#include "child_process.hpp"
+
 #include <nxmem/conform/suite.hpp>
 #include <nxmem/host/module.hpp>
 
 #include <nlohmann/json.hpp>
 
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <csignal>
-#include <cstdio>
 #include <exception>
-#include <functional>
-#include <iostream>
+#include <string_view>
 
 namespace nxmem::tool {
 
@@ -65,110 +59,13 @@ std::optional<device_id> parse_device(const std::string& text) {
 
 namespace {
 
-using emit_function = std::function<void(const nlohmann::json&)>;
-
-struct child_outcome {
-    std::vector<nlohmann::json> events;
-    int wait_status = 0;
-    bool timed_out = false;
-};
-
-// Writes all of `text` to `fd`, retrying short writes.
-void write_all(int fd, const std::string& text) {
-    std::size_t done = 0;
-    while (done < text.size()) {
-        const ssize_t written = ::write(fd, text.data() + done, text.size() - done);
-        if (written < 0 && errno == EINTR) {
-            continue;
-        }
-        if (written <= 0) {
-            return;
-        }
-        done += static_cast<std::size_t>(written);
+// "during check ID, step \"STEP\"": where in the suite the child stopped.
+std::string where(const std::string& check, const std::string& step) {
+    std::string text = "during check " + check;
+    if (!step.empty()) {
+        text += ", step \"" + step + "\"";
     }
-}
-
-// Runs `body` in a forked child; each event it emits is one JSON line on a pipe. The child never
-// returns: it leaves with _exit, so nothing of the parent's is destroyed or flushed twice.
-child_outcome run_in_child(const std::function<void(const emit_function&)>& body,
-                           unsigned timeout_seconds) {
-    child_outcome outcome;
-    int fds[2];
-    if (::pipe(fds) != 0) {
-        throw std::runtime_error("pipe failed");
-    }
-    std::cout.flush();
-    std::cerr.flush();
-    std::fflush(nullptr);
-    const pid_t child = ::fork();
-    if (child < 0) {
-        ::close(fds[0]);
-        ::close(fds[1]);
-        throw std::runtime_error("fork failed");
-    }
-    if (child == 0) {
-        ::close(fds[0]);
-        const rlimit no_core{0, 0};
-        (void)::setrlimit(RLIMIT_CORE, &no_core); // a crashing plugin leaves no core behind
-        ::alarm(timeout_seconds);
-        const int out = fds[1];
-        const emit_function emit = [out](const nlohmann::json& event) {
-            write_all(out, event.dump() + "\n");
-        };
-        try {
-            body(emit);
-            emit({{"event", "done"}});
-        } catch (const std::exception& failure) {
-            emit({{"event", "error"}, {"message", failure.what()}});
-        }
-        ::close(out);
-        ::_exit(0);
-    }
-    ::close(fds[1]);
-    std::string buffer;
-    char chunk[4096];
-    for (;;) {
-        const ssize_t got = ::read(fds[0], chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            break;
-        }
-        buffer.append(chunk, static_cast<std::size_t>(got));
-        std::size_t newline = 0;
-        while ((newline = buffer.find('\n')) != std::string::npos) {
-            nlohmann::json event = nlohmann::json::parse(buffer.substr(0, newline), nullptr, false);
-            if (!event.is_discarded()) {
-                outcome.events.push_back(std::move(event));
-            }
-            buffer.erase(0, newline + 1);
-        }
-    }
-    ::close(fds[0]);
-    while (::waitpid(child, &outcome.wait_status, 0) < 0 && errno == EINTR) {
-    }
-    outcome.timed_out = WIFSIGNALED(outcome.wait_status) && WTERMSIG(outcome.wait_status) == SIGALRM;
-    return outcome;
-}
-
-bool finished(const child_outcome& outcome) {
-    return WIFEXITED(outcome.wait_status) && WEXITSTATUS(outcome.wait_status) == 0 &&
-           !outcome.events.empty() && outcome.events.back().value("event", "") == "done";
-}
-
-// "signal 11", "exit status 1", "timed out after 300 s", or "no end-of-run mark".
-std::string how_it_ended(const child_outcome& outcome, unsigned timeout_seconds) {
-    if (outcome.timed_out) {
-        return "timed out after " + std::to_string(timeout_seconds) + " s";
-    }
-    if (WIFSIGNALED(outcome.wait_status)) {
-        return "signal " + std::to_string(WTERMSIG(outcome.wait_status));
-    }
-    if (WIFEXITED(outcome.wait_status) && WEXITSTATUS(outcome.wait_status) != 0) {
-        return "exit status " + std::to_string(WEXITSTATUS(outcome.wait_status));
-    }
-    return "ended without finishing";
+    return text;
 }
 
 struct listed_mechanism {
@@ -207,9 +104,10 @@ void list_mechanisms(const conform_request& request, plugin_run& run,
                               device_id{event.value("type", NXMEM_DEVICE_CPU), 0}});
         }
     }
-    if (!finished(outcome) && !run.load_error) {
-        run.load_error = "crashed (" + how_it_ended(outcome, request.timeout_seconds) +
-                         ") while loading the plugin";
+    if (!outcome.finished() && !run.load_error) {
+        run.load_error = (outcome.timed_out ? outcome.ending(request.timeout_seconds)
+                                            : "crashed (" + outcome.ending(request.timeout_seconds) + ")") +
+                         " while loading the plugin";
     }
 }
 
@@ -222,6 +120,10 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
             conform::suite_hooks hooks;
             hooks.on_start = [&](const conform::check_definition& check) {
                 emit({{"event", "start"}, {"id", check.id}});
+                emit({{"event", "step"}, {"text", ""}}); // no step of this check yet
+            };
+            hooks.on_step = [&](std::string_view step) {
+                emit({{"event", "step"}, {"text", step}});
             };
             hooks.on_result = [&](const conform::check_result& result) {
                 emit({{"event", "result"},
@@ -260,23 +162,27 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
             run.crash = "stopped by an exception: " + event.value("message", "");
         }
     }
-    if (!finished(outcome) && !run.crash) {
-        const std::string how = how_it_ended(outcome, request.timeout_seconds);
+    if (!outcome.finished() && !run.crash) {
+        // "timed out after 30 s" or "crashed (SIGSEGV: a write at address 0x0)"
+        const std::string how = outcome.timed_out
+                                    ? outcome.ending(request.timeout_seconds)
+                                    : "crashed (" + outcome.ending(request.timeout_seconds) + ")";
+        run.timed_out = outcome.timed_out;
         if (!running.empty()) {
-            run.crash = "crashed (" + how + ") during check " + running;
-            conform_check crashed;
-            crashed.result.id = running;
+            run.crash = how + " " + where(running, outcome.last_step);
+            conform_check stopped;
+            stopped.result.id = running;
             if (const conform::check_definition* definition = conform::find_check(running)) {
-                crashed.result.title = std::string(definition->title);
-                crashed.rule = std::string(definition->rule);
+                stopped.result.title = std::string(definition->title);
+                stopped.rule = std::string(definition->rule);
             }
-            crashed.result.verdict = conform::outcome::fail;
-            crashed.result.expected = "the check runs to completion";
-            crashed.result.actual = "crashed (" + how + ")";
-            run.checks.push_back(std::move(crashed));
+            stopped.result.verdict = conform::outcome::fail;
+            stopped.result.expected = "the check runs to completion";
+            stopped.result.actual = how + (outcome.last_step.empty() ? std::string()
+                                                               : " at step \"" + outcome.last_step + "\"");
+            run.checks.push_back(std::move(stopped));
         } else {
-            run.crash = "crashed (" + how + ")" +
-                        (last_done.empty() ? std::string(" before the first check")
+            run.crash = how + (last_done.empty() ? std::string(" before the first check")
                                            : " after check " + last_done);
         }
     }

@@ -20,7 +20,10 @@ struct mechanism_run {
     std::string name;
     std::string device; // "cpu:0"
     std::vector<conform_check> checks;
-    std::optional<std::string> crash; // "crashed (signal 11) during check X"
+    // How the child stopped early: "crashed (SIGSEGV: a write at address 0x0) during check X,
+    // step \"S\"" or "timed out (timed out after 300 s) during check X, step \"S\"".
+    std::optional<std::string> crash;
+    bool timed_out = false; // the stop was the timeout, not a crash
 
     std::size_t count(conform::outcome verdict) const;
     bool conforms() const { return !crash && count(conform::outcome::fail) == 0; }

@@ -5,6 +5,7 @@
 
 #include "inspection.hpp"
 
+#include <nxmem/conform/step.hpp>
 #include <nxmem/device.hpp>
 
 #include <dlfcn.h>
@@ -24,6 +25,8 @@ allocator_probe probe_on(const std::shared_ptr<host::plugin_module>& module,
                          const host::factory_info& factory) {
     allocator_probe probe;
     probe.device_type = D::type;
+    conform::announce_step("open mechanism '" + factory.name + "' on " +
+                           std::string(device_type_name(D::type)) + ":0");
     result<host::plugin_allocator<D>> opened = host::open_allocator<D>(module, factory.name, 0);
     if (!opened) {
         probe.refused = opened.error();
@@ -92,6 +95,7 @@ plugin_report inspect_plugin(const std::filesystem::path& path, const host::load
     report.path = path.string();
     report.host_range = options.host_range;
 
+    conform::announce_step("load the plugin (negotiate, create its factories)");
     result<std::shared_ptr<host::plugin_module>> loaded = host::plugin_module::load(path, options);
     if (!loaded) {
         report.refused = loaded.error();
@@ -106,6 +110,7 @@ plugin_report inspect_plugin(const std::filesystem::path& path, const host::load
         report.factories.push_back({factory, probe_factory(module, factory)});
     }
 
+    conform::announce_step("query the unload readiness");
     result<host::unload_readiness> readiness = module->readiness();
     if (readiness) {
         report.unload.readiness = readiness.value();
@@ -113,6 +118,7 @@ plugin_report inspect_plugin(const std::filesystem::path& path, const host::load
         report.unload.readiness_failed = readiness.error();
     }
 
+    conform::announce_step("unload the plugin");
     result<void> unloaded = module->try_unload();
     if (!unloaded) {
         report.unload.unload_refused = unloaded.error();

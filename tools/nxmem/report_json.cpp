@@ -108,7 +108,9 @@ json unload_json(const unload_report& unload) {
     return out;
 }
 
-json plugin_json(const plugin_report& report) {
+} // namespace
+
+nlohmann::ordered_json to_json(const plugin_report& report) {
     json out{{"path", report.path}, {"loaded", report.loaded()}};
     if (!report.loaded()) {
         out["refused"] = error_json(*report.refused);
@@ -125,16 +127,6 @@ json plugin_json(const plugin_report& report) {
     }
     out["factories"] = std::move(factories);
     out["unload"] = unload_json(report.unload);
-    return out;
-}
-
-} // namespace
-
-nlohmann::ordered_json to_json(const std::vector<plugin_report>& reports) {
-    json out = json::array();
-    for (const plugin_report& report : reports) {
-        out.push_back(plugin_json(report));
-    }
     return out;
 }
 

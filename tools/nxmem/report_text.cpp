@@ -3,9 +3,6 @@
 #include "names.hpp"
 #include "text_table.hpp"
 
-#include <nxmem/detail/hex.hpp>
-
-#include <range/v3/view/enumerate.hpp>
 
 #include <cstddef>
 #include <string>
@@ -13,11 +10,6 @@
 namespace nxmem::tool {
 
 namespace {
-
-// Small ids in decimal; large ones (often four ASCII letters) in hexadecimal.
-std::string mechanism_id_label(std::uint64_t id) {
-    return id <= 0xFFFF ? std::to_string(id) : "0x" + nxmem::detail::to_hex(id);
-}
 
 // "1.1", or "1.1 (read as 1.0)" when the host clamped a newer table to the negotiated minor.
 std::string minor_cell(std::uint32_t major, std::uint32_t declared, std::uint32_t effective) {
@@ -101,7 +93,7 @@ void print_mechanisms(std::ostream& out, const plugin_report& report) {
                       {"CAPABILITY TABLES", align::left}});
     for (const factory_report& entry : report.factories) {
         const host::factory_info& factory = entry.factory;
-        std::vector<std::string> row{factory.name, mechanism_id_label(factory.mechanism_id),
+        std::vector<std::string> row{factory.name, std::to_string(factory.mechanism_id),
                                      join(device_type_names(factory.device_types), " ", "none"),
                                      minor_cell(report.version.major, factory.declared_minor, factory.effective_minor)};
         if (!entry.probe) {
@@ -141,7 +133,9 @@ void print_unload(std::ostream& out, const unload_report& unload) {
     }
 }
 
-void print_plugin(std::ostream& out, const plugin_report& report) {
+} // namespace
+
+void print_text(std::ostream& out, const plugin_report& report) {
     out << report.path << '\n';
     if (!report.loaded()) {
         print_field(out, "refused", report.refused->describe());
@@ -159,24 +153,6 @@ void print_plugin(std::ostream& out, const plugin_report& report) {
     }
     print_mechanisms(out, report);
     print_unload(out, report.unload);
-}
-
-} // namespace
-
-void print_text(std::ostream& out, const std::vector<plugin_report>& reports) {
-    std::size_t refused = 0;
-    for (const auto& [i, report] : ranges::views::enumerate(reports)) {
-        if (i > 0) {
-            out << '\n';
-        }
-        print_plugin(out, report);
-        refused += report.loaded() ? 0 : 1;
-    }
-    if (reports.size() > 1) {
-        out << '\n'
-            << reports.size() << " plugins: " << reports.size() - refused << " loaded, " << refused
-            << " refused\n";
-    }
 }
 
 } // namespace nxmem::tool

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/detail/fault_report.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
+#include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/hex.hpp>
 
@@ -34,6 +36,7 @@ result<std::vector<allocation<D>>> allocate_grid(host::plugin_allocator<D>& allo
     std::vector<allocation<D>> live;
     for (std::uint64_t size : suite_sizes) {
         for (std::uint64_t alignment : suite_alignments) {
+            announce_step("allocate " + std::to_string(size) + " B at alignment " + std::to_string(alignment));
             result<allocation<D>> made = allocator.allocate(size, alignment);
             if (!made) {
                 for (const allocation<D>& earlier : live) {
@@ -53,6 +56,7 @@ template <Device D>
 std::string release_all(host::plugin_allocator<D>& allocator, const std::vector<allocation<D>>& live) {
     std::string problem;
     for (const allocation<D>& made : live) {
+        announce_step("release " + std::to_string(made.size) + " B");
         result<release_report> released = allocator.release(made);
         if (!released && problem.empty()) {
             problem = "releasing " + std::to_string(made.size) + " bytes: " +
@@ -95,10 +99,12 @@ struct check_allocator_open {
 struct check_allocation_basic {
     template <Device D> static finding run(const subject& target, const suite_options&) {
         NXMEM_CONFORM_TRY(opened, "the mechanism opens", session<D>::open(target));
+        announce_step("allocate 64 B at alignment 8");
         result<allocation<D>> made = opened.allocator().allocate(64, 8);
         if (!made) {
             return failed("64 bytes aligned to 8", made.error().describe());
         }
+        announce_step("release the 64 B");
         result<release_report> released = opened.allocator().release(made.value());
         if (!released) {
             return failed("the allocation released", released.error().describe());
@@ -166,6 +172,10 @@ struct check_allocation_writable {
                 if (!problem.empty()) {
                     break;
                 }
+                // Watched: a fault here names the offset within the allocation.
+                const detail::watch_region watched(made.address, made.size, "an allocation");
+                announce_step("write " + std::to_string(made.size) + " B at alignment " +
+                              std::to_string(made.alignment));
                 std::memset(made.address, pattern++, made.size);
             }
             pattern = 1;

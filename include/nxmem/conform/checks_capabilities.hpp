@@ -71,6 +71,7 @@ struct check_capability_virtual_backing {
             if (!problem.empty()) {
                 break;
             }
+            announce_step(next.what);
             result<void> changed = next.commit ? backing.commit(live, next.range)
                                                : backing.decommit(live, next.range);
             if (!changed) {
@@ -201,6 +202,7 @@ struct check_capability_deferred_release {
         NXMEM_CONFORM_TRY(before, "the plugin reports its readiness", opened.plugin_counts());
         std::vector<std::uint64_t> tickets;
         for (int i = 0; i < 5; ++i) {
+            announce_step("allocate 4096 B and enqueue its release");
             NXMEM_CONFORM_TRY(made, "an allocation to release later", allocator.allocate(4096, 64));
             NXMEM_CONFORM_TRY(ticket, "enqueue_release succeeds", allocator.enqueue_release(made));
             tickets.push_back(ticket);
@@ -213,6 +215,7 @@ struct check_capability_deferred_release {
         std::vector<std::uint64_t> retired;
         for (unsigned attempt = 0; attempt < options.drain_attempts && retired.size() < tickets.size();
              ++attempt) {
+            announce_step("drain_releases, attempt " + std::to_string(attempt + 1));
             NXMEM_CONFORM_TRY(completions, "drain_releases succeeds", allocator.drain_releases());
             for (const host::release_completion& completion : completions) {
                 retired.push_back(completion.ticket);
@@ -301,6 +304,7 @@ struct check_capability_host_reclaim {
         NXMEM_CONFORM_TRY(refused_host, "the mechanism opens with a refusing reclaim hook",
                           host::open_allocator<D>(opened.module(), target.mechanism,
                                                   target.device.index, {}, refusing));
+        announce_step("allocate 64 KiB with a reclaim hook that refuses");
         result<allocation<D>> made = refused_host.allocate(1 << 16, 64);
         if (made) {
             (void)refused_host.release(made.value());

@@ -94,6 +94,8 @@ struct check_concurrency_threads {
                 }
             }
         };
+        announce_step("run " + std::to_string(options.threads) + " threads of " +
+                      std::to_string(options.iterations) + " iterations each");
         std::vector<std::thread> threads;
         for (unsigned thread = 0; thread < options.threads; ++thread) {
             threads.emplace_back(worker, thread);

@@ -100,6 +100,7 @@ public:
     // Negotiates `host_range` (the whole supported range by default), then opens.
     static result<std::unique_ptr<raw_allocator>> open(const subject& target,
                                                        const abi::version_range& host_range = abi::supported_range) {
+        announce_step("open " + target.describe() + " through its factory, host range " + host_range.describe());
         NXMEM_TRY(library, open_with_exports(target));
         auto opened = std::unique_ptr<raw_allocator>(new raw_allocator(std::move(library)));
         NXMEM_TRY(factories, raw_factories::create(opened->library_, host_range));
@@ -176,6 +177,10 @@ private:
     NxmemHostCallbacks callbacks_{};
 };
 
+// What the table checks expect before anything else; a failure with it means the factory refused
+// to open an allocator, and says nothing about the tables.
+inline constexpr const char* factory_opens = "the factory opens an allocator";
+
 template <class T> std::string tag_problem(const raw_table<T>& table) {
     const std::string name(abi::struct_traits<T>::name);
     if (!table.covers_header()) {
@@ -193,7 +198,7 @@ template <class T> std::string tag_problem(const raw_table<T>& table) {
 // tables.type_tags
 struct check_tables_type_tags {
     static finding run(const subject& target, const suite_options&) {
-        NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
+        NXMEM_CONFORM_TRY(opened, detail::factory_opens, detail::raw_allocator::open(target));
         std::string problem = detail::tag_problem(opened->factory);
         if (problem.empty()) {
             problem = detail::tag_problem(opened->allocator);
@@ -218,7 +223,7 @@ struct check_tables_type_tags {
 // tables.struct_size
 struct check_tables_struct_size {
     static finding run(const subject& target, const suite_options&) {
-        NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
+        NXMEM_CONFORM_TRY(opened, detail::factory_opens, detail::raw_allocator::open(target));
         std::string problem = opened->factory.size_problem();
         if (problem.empty()) {
             problem = opened->allocator.size_problem();
@@ -245,7 +250,7 @@ struct check_tables_struct_size {
 // tables.capabilities
 struct check_tables_capabilities {
     static finding run(const subject& target, const suite_options&) {
-        NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
+        NXMEM_CONFORM_TRY(opened, detail::factory_opens, detail::raw_allocator::open(target));
         const auto& table = opened->allocator;
         const std::string expected = "every capability flag set exactly when its slots are";
         NxmemCapabilities flags = table.copy.capabilities;
@@ -310,7 +315,7 @@ struct check_tables_flags_within_minor {
 // tables.required_slots
 struct check_tables_required_slots {
     static finding run(const subject& target, const suite_options&) {
-        NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
+        NXMEM_CONFORM_TRY(opened, detail::factory_opens, detail::raw_allocator::open(target));
         std::string problem = opened->factory.missing_slot();
         if (problem.empty()) {
             problem = opened->allocator.missing_slot();
@@ -335,7 +340,7 @@ struct check_tables_required_slots {
 // tables.identity
 struct check_tables_identity {
     static finding run(const subject& target, const suite_options&) {
-        NXMEM_CONFORM_TRY(opened, "the factory opens an allocator", detail::raw_allocator::open(target));
+        NXMEM_CONFORM_TRY(opened, detail::factory_opens, detail::raw_allocator::open(target));
         const NxmemAllocatorVtable& table = opened->allocator.copy;
         if (table.mechanism_id != opened->factory_mechanism_id) {
             return failed("the allocator names its factory's mechanism id " +

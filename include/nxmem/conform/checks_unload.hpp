@@ -16,6 +16,7 @@ struct check_unload_refused_while_live {
         NXMEM_CONFORM_TRY(opened, "the mechanism opens", session<D>::open(target));
         NXMEM_CONFORM_TRY(live, "a live allocation", opened.allocator().allocate(4096, 64));
         NXMEM_CONFORM_TRY(counts, "the plugin reports its readiness", opened.plugin_counts());
+        announce_step("try_unload with an allocation live");
         result<void> unloaded = opened.module()->try_unload();
         const bool refused = !unloaded && unloaded.error().code == status_code::busy;
         (void)opened.allocator().release(live);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/step.hpp>
 #include <nxmem/device.hpp>
 #include <nxmem/host.hpp>
 
@@ -46,6 +47,7 @@ public:
 
     // Loads the plugin; the caller opens the mechanism (or checks why it cannot).
     static result<session> load(const subject& target) {
+        announce_step("load the plugin");
         NXMEM_TRY(module, host::plugin_module::load(target.path));
         session made;
         made.module_ = std::move(module);
@@ -60,6 +62,7 @@ public:
     }
 
     result<void> open_allocator(const subject& target) {
+        announce_step("open " + target.describe());
         auto reclaim_hook = [](const host::reclaim_request&) -> result<void> {
             return boost::outcome_v2::success(); // nothing to evict; the plugin may retry
         };
@@ -87,6 +90,7 @@ public:
 
     // Closes the allocator and tries to unload; the result says whether the module went.
     result<void> close() {
+        announce_step("close the allocator and unload the plugin");
         allocator_.reset();
         if (module_ == nullptr || !module_->loaded()) {
             module_.reset();

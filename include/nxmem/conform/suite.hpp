@@ -7,6 +7,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/checks_allocation.hpp>
+#include <nxmem/conform/checks_boundary.hpp>
 #include <nxmem/conform/checks_capabilities.hpp>
 #include <nxmem/conform/checks_concurrency.hpp>
 #include <nxmem/conform/checks_exports.hpp>
@@ -14,6 +15,7 @@
 #include <nxmem/conform/checks_misuse.hpp>
 #include <nxmem/conform/checks_tables.hpp>
 #include <nxmem/conform/checks_unload.hpp>
+#include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
 #include <array>
@@ -131,6 +133,15 @@ inline constexpr std::array all_checks{
         requirement::allocation, &run_for_device<check_accounting_result_mapped>},
     check_definition{"accounting.factories", "factory create/release cycles grow neither heap nor address space", "Ownership",
         requirement::exports, &check_accounting_factories::run},
+    // The boundary between the two sides' memory (checks_boundary.hpp).
+    check_definition{"boundary.status_terminated", "a status message is NUL-terminated within its 256 bytes", "Nothing C++ crosses",
+        requirement::opened, &run_for_device<check_boundary_status_terminated>},
+    check_definition{"boundary.status_within_size", "a status is written only within its struct_size, down to 8 bytes", "Nothing C++ crosses",
+        requirement::opened, &run_for_device<check_boundary_status_within_size>},
+    check_definition{"boundary.null_status", "a NULL status is tolerated and the code still returned", "Nothing C++ crosses",
+        requirement::opened, &run_for_device<check_boundary_null_status>},
+    check_definition{"boundary.output_within_size", "outputs of the smallest struct_size are written only within it", "Requests and outputs",
+        requirement::opened, &run_for_device<check_boundary_output_within_size>},
 };
 // clang-format on
 
@@ -149,6 +160,7 @@ inline const check_definition* find_check(std::string_view id) noexcept {
 struct suite_hooks {
     std::function<void(const check_definition&)> on_start;
     std::function<void(const check_result&)> on_result;
+    std::function<void(std::string_view)> on_step; // each step a check announces (step.hpp)
 };
 
 // Runs one check's body, turning an escaped exception into a failure.
@@ -227,9 +239,11 @@ inline std::vector<check_result> run_mechanism_checks(const std::filesystem::pat
     std::optional<std::string> no_exports;
     std::optional<std::string> not_served;
     std::optional<std::string> bad_size;
+    std::optional<std::string> refused_open; // the factory refused: no table to judge
     std::optional<std::string> not_opened;
     std::optional<std::string> no_allocation;
     bool device_known = false;
+    const listen_to_steps steps(hooks.on_step);
     for (const check_definition& check : all_checks) {
         if (hooks.on_start) {
             hooks.on_start(check);
@@ -244,6 +258,8 @@ inline std::vector<check_result> run_mechanism_checks(const std::filesystem::pat
             blocked = no_exports;
         } else if (needs >= requirement::device && not_served) {
             blocked = not_served;
+        } else if (refused_open && (check.id.starts_with("tables.") || needs == requirement::table_size)) {
+            blocked = refused_open;
         } else if (needs == requirement::table_size && bad_size) {
             blocked = bad_size;
         } else if (needs >= requirement::opened && not_opened) {
@@ -256,7 +272,9 @@ inline std::vector<check_result> run_mechanism_checks(const std::filesystem::pat
                     : run_check(check, target, options);
         if (outcome_of_check.failed()) {
             const std::string see = " (see " + std::string(check.id) + ")";
-            if (check.id == "exports.present") {
+            if (outcome_of_check.expected == detail::factory_opens && !refused_open) {
+                refused_open = "the factory refuses to open an allocator" + see;
+            } else if (check.id == "exports.present") {
                 no_exports = "the plugin does not load with its three exports" + see;
             } else if (check.id == "tables.struct_size") {
                 bad_size = "the table's struct_size contradicts its level" + see;

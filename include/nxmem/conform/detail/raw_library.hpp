@@ -7,6 +7,8 @@
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/status.hpp>
 #include <nxmem/abi/version.hpp>
+#include <nxmem/conform/detail/guarded_memory.hpp>
+#include <nxmem/conform/step.hpp>
 
 #include <dlfcn.h>
 
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,14 +103,19 @@ struct negotiation_reply {
     }
 };
 
+// The status lies right before a PROT_NONE page: a plugin that writes past it faults at once, and
+// the fault report names the offset, instead of corrupting the suite's stack unseen.
 inline negotiation_reply negotiate(NxmemNegotiateFn negotiate_fn, const abi::version_range& host) {
+    announce_step("NxmemNegotiate with host range " + host.describe());
     auto request = abi::make_struct<NxmemNegotiateRequest>();
     request.host_range = host.to_wire();
     negotiation_reply reply;
     reply.response = abi::make_struct<NxmemNegotiateResponse>();
-    NxmemStatus status = abi::make_status();
-    reply.code = negotiate_fn(&request, &reply.response, &status);
-    reply.message = abi::read_status_message(status);
+    NxmemStatus fallback = abi::make_status();
+    std::optional<guarded_bytes> guarded = guarded_status(sizeof(NxmemStatus), 0);
+    NxmemStatus* status = guarded ? guarded->as<NxmemStatus>() : &fallback;
+    reply.code = negotiate_fn(&request, &reply.response, status);
+    reply.message = abi::read_status_message(*status);
     return reply;
 }
 

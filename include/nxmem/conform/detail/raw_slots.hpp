@@ -7,6 +7,7 @@
 
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/status.hpp>
+#include <nxmem/conform/step.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
 
 #include <atomic>
@@ -45,6 +46,7 @@ public:
 
     // Calls allocate with `request` (which may be followed by more bytes than the header knows).
     slot_reply allocate(const NxmemAllocRequest* request, NxmemAllocResult& out) const {
+        announce_step("allocate through the raw slot");
         out = abi::make_struct<NxmemAllocResult>();
         NxmemStatus status = abi::make_status();
         slot_reply reply;
@@ -77,6 +79,7 @@ public:
     }
 
     slot_reply deallocate(const NxmemAllocation& described) const {
+        announce_step("deallocate through the raw slot");
         NxmemStatus status = abi::make_status();
         slot_reply reply;
         reply.code = table_.deallocate(self_, &described, &status);
@@ -85,6 +88,7 @@ public:
     }
 
     slot_reply release_allocation(const NxmemAllocation& described, NxmemReleaseOutcome& outcome) const {
+        announce_step("release_allocation through the raw slot");
         outcome = abi::make_struct<NxmemReleaseOutcome>();
         NxmemStatus status = abi::make_status();
         slot_reply reply;
@@ -94,6 +98,7 @@ public:
     }
 
     const NxmemAllocatorVtable& table() const noexcept { return table_; }
+    NxmemAllocatorVtable* self() const noexcept { return self_; } // the slots' first argument
     std::uint64_t mechanism_id() const noexcept { return mechanism_id_; }
     device_id device() const noexcept { return device_; }
 
