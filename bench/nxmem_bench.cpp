@@ -4,7 +4,8 @@
 // raw, and a KV-cache trace replay. Every figure that matters is a ratio of two runs of this one
 // process (printed after the benchmark table, or as the "ratios" member of the JSON document with
 // --benchmark_format=json). NXMEM_POSIX_PLUGIN overrides the plugin built alongside;
-// NXMEM_BENCH_LIVE the allocations held for the bookkeeping and many-live figures (1M).
+// NXMEM_BENCH_LIVE the allocations held for the bookkeeping and many-live figures (1M);
+// NXMEM_BENCH_RELEASES the releases timed with many live (200000).
 #include "kv_cache_replay.hpp"
 #include "ratio_summary.hpp"
 
@@ -81,11 +82,13 @@ bool posix_ready(benchmark::State& state) {
     return true;
 }
 
-std::uint64_t live_count() {
-    const char* text = std::getenv("NXMEM_BENCH_LIVE");
+// A positive count from the environment, else `otherwise`.
+std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
+    const char* text = std::getenv(name);
     const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
-    return wanted != 0 ? wanted : 1000000;
+    return wanted != 0 ? wanted : otherwise;
 }
+std::uint64_t live_count() { return count_from_environment("NXMEM_BENCH_LIVE", 1000000); }
 
 std::uint64_t table_id_base(unsigned route) { return (1ull << 62) + (std::uint64_t{route} << 48); }
 
@@ -454,7 +457,8 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
         for (auto [live, label] : {std::pair<std::uint64_t, std::string>{1000, "1k"}, {many, many_label}}) {
             benchmark::RegisterBenchmark((std::string("release_random/") + route + "/" + label).c_str(),
                                          release_benchmark, std::string(route), live)
-                ->Iterations(200000);
+                ->Iterations(static_cast<benchmark::IterationCount>(
+                    count_from_environment("NXMEM_BENCH_RELEASES", 200000)));
         }
     }
     ratios.push_back({"release_adapter_vs_table/1k", "adapter / table, release + replace a random victim of 1k live",
