@@ -104,16 +104,22 @@ template <class Route> void time_round_trips(benchmark::State& state, Route& rou
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
-// A route to posix-eager by name: adapter, table, mechanism.
-template <class Body> void with_eager_route(benchmark::State& state, const std::string& route, Body&& body) {
+// A route to posix-eager by name: adapter or table (through `allocator`, by default the shared
+// one), mechanism, malloc, heap_allocator.
+template <class Body>
+void with_eager_route(benchmark::State& state, const std::string& route, Body&& body,
+                      plugin_allocator<cpu_device>* allocator = nullptr) {
     if (!posix_ready(state)) {
         return;
     }
+    if (allocator == nullptr) {
+        allocator = posix().eager.get();
+    }
     if (route == "adapter") {
-        adapter_route through(*posix().eager);
+        adapter_route through(*allocator);
         body(through);
     } else if (route == "table") {
-        table_route through(*posix().eager, table_id_base(0));
+        table_route through(*allocator, table_id_base(0));
         body(through);
     } else if (route == "mechanism") {
         auto opened = mechanism_route<nxmem::posix::eager_mechanism>::open();
@@ -222,7 +228,17 @@ void release_benchmark(benchmark::State& state, std::string route, std::uint64_t
 
 // ---- heap bytes per live allocation ----
 
+// On an allocator of its own: the host's and the kit's tables start empty, as they would not on
+// the shared allocator after the many-live runs.
 void heap_benchmark(benchmark::State& state, std::string route) {
+    if (!posix_ready(state)) {
+        return;
+    }
+    auto fresh = nxmem::host::open_allocator<cpu_device>(posix().module, "posix-eager", 0);
+    if (!fresh) {
+        state.SkipWithError(fresh.error().describe().c_str());
+        return;
+    }
     with_eager_route(state, route, [&](auto& through) {
         for (auto _ : state) {
             auto footprint = measure_heap_footprint(through, live_count(), 64);
@@ -233,7 +249,7 @@ void heap_benchmark(benchmark::State& state, std::string route) {
             state.counters["bytes_per_live"] = footprint.value().bytes_per_live;
             state.counters["kept_after_release"] = static_cast<double>(footprint.value().kept_after_release);
         }
-    });
+    }, &fresh.value());
 }
 
 // ---- posix-lazy ranges: through the view, the table, and raw system calls ----
