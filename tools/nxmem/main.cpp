@@ -1,5 +1,6 @@
 // The nxmem command: parses the command line and runs the one subcommand given. Each subcommand
 // lives in its own file and registers itself through an add_* function (see subcommand.hpp).
+#include "bench.hpp"
 #include "conform.hpp"
 #include "inspect.hpp"
 #include "plugin_paths.hpp"
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
     const std::vector<subcommand> subcommands{
         add_inspect(app),
         add_conform(app),
+        add_bench(app),
     };
 
     try {
