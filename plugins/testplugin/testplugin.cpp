@@ -124,7 +124,7 @@ struct lazy_mechanism {
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
         std::lock_guard lock(mutex_);
         const std::uint64_t id = ++last_prefix_id_;
-        prefixes_[id] = prefix{size, 0};
+        prefixes_[id] = prefix{size, 0, false};
         return id;
     }
     result<prefix_commit> commit_shared_prefix(const allocation_record& record,
@@ -133,8 +133,11 @@ struct lazy_mechanism {
         prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
         ++found.sharers;
         live_.at(record.address).prefixes.push_back(prefix_id);
-        // The prefix's bytes are costed once: only the first mapping maps new memory.
-        return prefix_commit{found.size, found.sharers == 1 ? found.size : 0, found.sharers};
+        // The prefix's bytes are costed once in its lifetime (ABI C8): only its first mapping
+        // ever maps new memory, not a first one again after every sharer went.
+        const bool first = !found.ever_mapped;
+        found.ever_mapped = true;
+        return prefix_commit{found.size, first ? found.size : 0, found.sharers};
     }
     void destroy_shared_prefix(std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
@@ -164,6 +167,7 @@ private:
     struct prefix {
         std::uint64_t size;
         std::uint64_t sharers;
+        bool ever_mapped;
     };
 
     static std::uint64_t committed_bytes(const state& live) {

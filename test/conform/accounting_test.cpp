@@ -132,17 +132,22 @@ TEST_CASE("U10: a quarantined allocation is not live, and the plugin still unloa
 
 TEST_CASE("C8: a prefix is costed once in its lifetime, never in an allocation's own bytes",
           "[conform][accounting][posix]") {
-    const char* posix = std::getenv("NXMEM_POSIX_PLUGIN");
-    if (posix == nullptr || *posix == '\0') {
-        WARN("NXMEM_POSIX_PLUGIN is not set: C8 is not checked");
+    constexpr std::uint64_t unit = 64 * 1024;
+    // Both lazy mechanisms with shared mapping: the posix plugin's and the test plugin's.
+    const auto [variable, mechanism] =
+        GENERATE(table<const char*, const char*>({{"NXMEM_POSIX_PLUGIN", "posix-lazy"},
+                                                  {"NXMEM_TESTPLUGIN", "lazy"}}));
+    INFO(mechanism);
+    const char* path = std::getenv(variable);
+    if (path == nullptr || *path == '\0') {
+        WARN(variable << " is not set: C8 is not checked on " << mechanism);
         return;
     }
-    constexpr std::uint64_t unit = 64 * 1024;
-    auto loaded = host::plugin_module::load(posix);
+    auto loaded = host::plugin_module::load(path);
     REQUIRE(loaded);
     auto module = loaded.value();
     {
-        auto opened = host::open_allocator<cpu_device>(module, "posix-lazy");
+        auto opened = host::open_allocator<cpu_device>(module, mechanism);
         REQUIRE(opened);
         auto& lazy = opened.value();
         auto mapping = lazy.shared_mapping();
