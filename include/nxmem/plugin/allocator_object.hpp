@@ -84,6 +84,11 @@ private:
         table.abi_minor = level;
         table.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
         table.capabilities = capabilities_of<M>() & abi::capabilities_at_minor(level);
+        // D10: without release_completed no queued release could ever be reported retired, so a
+        // host that offers none gets no deferred release (flag clear, slots NULL).
+        if (!host_.offers_release_completed()) {
+            table.capabilities &= ~NXMEM_CAP_DEFERRED_RELEASE;
+        }
         table.mechanism_id = M::mechanism_id;
         table.device = device.to_wire();
         table.allocate = &slot_allocate;
@@ -99,8 +104,10 @@ private:
             table.shared_mapping = &shared_mapping;
         }
         if constexpr (offers_deferred_release<M>) {
-            table.enqueue_release = &slot_enqueue_release;
-            table.drain_releases = &slot_drain_releases;
+            if ((table.capabilities & NXMEM_CAP_DEFERRED_RELEASE) != 0) {
+                table.enqueue_release = &slot_enqueue_release;
+                table.drain_releases = &slot_drain_releases;
+            }
         }
         if constexpr (offers_structured_release<M>) {
             if (level >= 1) {
@@ -178,6 +185,9 @@ private:
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(request, abi::read_request(raw));
+            // M9: the records' form first (an unusable output refused before anything is made),
+            // then identity, then the request's values.
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
             NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
             if (request.flags != 0) {
                 return fail(status_code::invalid_argument,
@@ -190,8 +200,6 @@ private:
                                 std::to_string(request.size) + ", alignment " +
                                 std::to_string(request.alignment) + ")");
             }
-            // Refuse an unusable output before allocating, so nothing can leak.
-            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
             NXMEM_TRY(memory, object.mechanism_->allocate(request.size, request.alignment));
             object.registry_.insert(
                 {memory.address, request.size, request.alignment, request.allocation_id, {}});
@@ -241,10 +249,10 @@ private:
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(described, abi::read_request(raw));
-            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
             auto written = abi::make_struct<NxmemReleaseOutcome>();
             written.state = NXMEM_RELEASE_FAILED;
-            NXMEM_TRY_VOID(abi::write_output(out, written));
+            NXMEM_TRY_VOID(abi::write_output(out, written)); // M9: the form before identity
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
             NXMEM_TRY(record, object.registry_.take(described));
             result<release_outcome> released = object.mechanism_->release_allocation(record);
             if (!released || released.value().state == NXMEM_RELEASE_FAILED) {
