@@ -2,6 +2,7 @@
 // passes every check that applies to it, and each deliberately broken mechanism fails exactly the
 // checks for the rule it breaks.
 #include "../support/plugin_paths.hpp"
+#include "results.hpp"
 
 #include <nxmem/conform.hpp>
 #include <nxmem/host.hpp>
@@ -18,25 +19,8 @@ using namespace nxmem;
 
 namespace {
 
-std::string failures_of(const std::vector<conform::check_result>& results) {
-    std::ostringstream text;
-    for (const conform::check_result& result : results) {
-        if (result.failed()) {
-            text << result.id << ": expected " << result.expected << ", got " << result.actual << '\n';
-        }
-    }
-    return text.str();
-}
-
-std::set<std::string> failed_ids(const std::vector<conform::check_result>& results) {
-    std::set<std::string> ids;
-    for (const conform::check_result& result : results) {
-        if (result.failed()) {
-            ids.insert(result.id);
-        }
-    }
-    return ids;
-}
+using test::failed_ids;
+using test::failures_of;
 
 void require_conforms(const std::string& path, const std::string& mechanism, device_id device) {
     INFO("mechanism " << mechanism << " on " << device_type_name(device.type) << ":" << device.index);
