@@ -8,7 +8,7 @@
 
 namespace nxmem {
 
-// A live allocation on device D. `allocation_id` is host-assigned and monotonic, never derived
+// A live allocation on device D. `allocation_id` is host-assigned and unique, never derived
 // from the address; together with the mechanism and the device it names one allocation.
 template <Device D> struct allocation {
     typename D::address_type address{};

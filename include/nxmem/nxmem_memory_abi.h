@@ -212,7 +212,9 @@ typedef struct NxmemAllocation {
 } NxmemAllocation;
 
 /* Host → plugin: allocate `size` bytes (non-zero) aligned to `alignment` (a power of two); a
- * request for 0 bytes or another alignment is refused with INVALID_ARGUMENT. A receiver that
+ * request for 0 bytes or another alignment is refused with INVALID_ARGUMENT. A power of two the
+ * mechanism cannot honour (2^40, say) is a well-formed request it cannot satisfy: OUT_OF_MEMORY.
+ * A receiver that
  * gets a larger struct_size than it knows refuses the request if any byte it does not know is
  * non-zero. */
 /* @layout NxmemAllocRequest size=56 align=8 since=0 */
@@ -229,7 +231,10 @@ typedef struct NxmemAllocRequest {
 /* Plugin → host: where the allocation lives. `size` is the usable size, at least what was asked
  * for; the host describes the allocation back (NxmemAllocation::size) with the size it asked for.
  * `mapped_bytes` is what the allocation costs now:
- * `size` for an eager mechanism, 0 for a virtual-backing one until ranges are committed. The
+ * `size` for an eager mechanism, 0 for a virtual-backing one until ranges are committed. Cost is
+ * the memory the allocation holds, neither the requested nor the usable size as such: an eager
+ * mechanism that takes whole pages counts the whole pages, and a virtual-backing mechanism's
+ * mapped_bytes slot reports the same figure right after allocate. The
  * plugin writes only within the struct_size the host set. */
 /* @layout NxmemAllocResult size=32 align=8 since=0 */
 typedef struct NxmemAllocResult {
@@ -258,7 +263,10 @@ typedef struct NxmemRangeRequest {
     NxmemByteRange range;                       /* @field range offset=72 size=24 since=0 */
 } NxmemRangeRequest;
 
-/* Plugin → host: how a release ended. See NXMEM_RELEASE_*. */
+/* Plugin → host: how a release ended. See NXMEM_RELEASE_*. COMPLETE credits in `unmapped_bytes`
+ * what the allocation cost just before the release (NxmemAllocResult::mapped_bytes, or the
+ * virtual-backing mapped_bytes); QUARANTINED splits that cost between `unmapped_bytes` and
+ * `residual_owned_bytes`. A shared prefix the allocation maps is not part of its cost. */
 /* @layout NxmemReleaseOutcome size=24 align=8 since=0 */
 typedef struct NxmemReleaseOutcome {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -292,7 +300,9 @@ typedef struct NxmemReclaimRequest {
 
 /* Plugin → host, from NxmemQueryUnloadReadiness: what the plugin still holds. The module may be
  * unloaded only when every count is zero. `live_views` counts shared prefixes mapped into
- * allocations (each a view of a prefix that the allocation's release will undo). */
+ * allocations (each a view of a prefix that the allocation's release will undo). A quarantined
+ * allocation is no longer live and counts nowhere here: its residue is the plugin's to free, at
+ * the latest when the allocator that made it goes. */
 /* @layout NxmemUnloadReport size=48 align=8 since=0 */
 typedef struct NxmemUnloadReport {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -355,8 +365,12 @@ typedef struct NxmemSharedPrefixCommitRequest {
     NxmemSharedPrefixHandle prefix;             /* @field prefix offset=72 size=48 since=0 */
 } NxmemSharedPrefixCommitRequest;
 
-/* Plugin → host: what committing the prefix cost. `newly_mapped_bytes` is non-zero only for the
- * first commit of a prefix: its bytes are costed once however many allocations share it. */
+/* Plugin → host: what committing the prefix cost. `shared_bytes` is the prefix's size (its
+ * handle's `size`), the bytes it covers from the start of the allocation. `newly_mapped_bytes` is
+ * non-zero only for the
+ * first commit of a prefix: its bytes are costed once however many allocations share it. "First"
+ * is first in the prefix's lifetime: a commit after every allocation mapping it has been released
+ * is not first again. `sharers` counts the allocations mapping it now. */
 /* @layout NxmemSharedPrefixCommitInfo size=32 align=8 since=0 */
 typedef struct NxmemSharedPrefixCommitInfo {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -469,11 +483,13 @@ typedef NxmemStatusCode (*NxmemMappedBytesFn)(NxmemAllocatorVtable *allocator,
  * commit: makes `range` of a reserved allocation usable. Committing a committed range is not an
  *         error and costs nothing more.
  * decommit: returns the memory of `range`. Decommitting an uncommitted range is not an error.
- * mapped_bytes: the bytes of `allocation` that are committed now.
+ * mapped_bytes: the bytes of `allocation` that are committed now (its cost; a shared prefix it
+ *         maps is not counted).
  * commit_granularity (minor 2): the unit of commit and decommit in bytes, a power of two. A legal
  *         range starts at a multiple of it and its length is a multiple of it, except that a range
  *         ending exactly at the allocation's end may end unaligned. Before minor 2 the unit is the
- *         host's page size. */
+ *         host's page size. The allocation's end is NxmemAllocation::size, the size the host asked
+ *         for, not the usable size; a mechanism accepts every legal range within it. */
 /* @layout NxmemVirtualBackingVtable size=48 align=8 since=0 */
 struct NxmemVirtualBackingVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -507,7 +523,9 @@ typedef NxmemStatusCode (*NxmemCommitSharedPrefixFn)(NxmemAllocatorVtable *alloc
  * create_shared_prefix: a new prefix holding one reference.
  * retain_shared_prefix / release_shared_prefix: add or drop a reference; the last release frees.
  * commit_shared_prefix: maps the prefix over the first prefix->size bytes of an allocation. The
- *         mapping holds its own reference until the allocation is released. */
+ *         mapping holds its own reference until the allocation is released. The allocation needs
+ *         no virtual backing, only that size; a mechanism may refuse (INVALID_ARGUMENT) to map a
+ *         second prefix into an allocation that maps one. */
 /* @layout NxmemSharedMappingVtable size=48 align=8 since=0 */
 struct NxmemSharedMappingVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -597,7 +615,8 @@ typedef void (*NxmemReleaseFactoryFn)(NxmemAllocatorFactoryVtable *self);
  * bytes (below 0x20, and 0x7f; UTF-8 is fine), unique within the module, and owned by the plugin
  * for the factory's lifetime. `mechanism_id` is non-zero and
  * unique within the module. `device_types` has bit (1 << t) set for each NxmemDeviceType t the
- * mechanism can open. */
+ * mechanism can open. It names types, not indices: a mechanism refuses an index of a served type
+ * that it does not serve at open_allocator, with WRONG_DEVICE. */
 /* @layout NxmemAllocatorFactoryVtable size=56 align=8 since=0 */
 struct NxmemAllocatorFactoryVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -629,6 +648,11 @@ typedef NxmemStatusCode (*NxmemCreateAllocatorFactoriesFn)(NxmemAllocatorFactory
 /* Reports what the plugin still holds; the host unloads only when every count is zero. */
 typedef NxmemStatusCode (*NxmemQueryUnloadReadinessFn)(NxmemUnloadReport *report,
                                                        NxmemStatus *status);
+
+/* Optional, for tests only: a plugin may also export NxmemTestFactoriesCreated and
+ * NxmemTestFactoriesReleased, each a C function taking no argument and returning the uint64_t
+ * count of factories created and released since the plugin was loaded. `nxmem conform` then
+ * holds it to exact counts; without them it still sees a factory leak, by measuring memory. */
 
 /* Marks the three exports visible in a plugin built with hidden default visibility. */
 #if defined(_WIN32)

@@ -296,7 +296,7 @@ TEST_CASE("X9: the C helpers read options exactly as the kit does", "[conform][o
     }
 }
 
-TEST_CASE("M9: with several faults the first in precedence order decides the code",
+TEST_CASE("M10: with several faults the first in precedence order decides the code",
           "[conform][misuse]") {
     const std::string path = GENERATE(as<std::string>{}, "testplugin", "minimal_c");
     const bool kit = path == "testplugin";

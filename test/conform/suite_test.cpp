@@ -1,6 +1,7 @@
 // The conformance suite against the plugins whose behaviour is known: every conforming mechanism
 // passes every check that applies to it, and each deliberately broken mechanism fails exactly the
 // checks for the rule it breaks.
+#include "../support/conform_results.hpp"
 #include "../support/plugin_paths.hpp"
 #include "results.hpp"
 

@@ -349,8 +349,8 @@ TEST_CASE("M6: an allocator table naming another mechanism or device is refused"
     }
 }
 
-TEST_CASE("M3: allocation ids are monotonic across a module's allocators and never derived from "
-          "the address",
+TEST_CASE("M3: allocation ids increase in a thread's order across a module's allocators and are "
+          "never derived from the address",
           "[rules][misuse]") {
     const std::string path = probe_path();
     auto module = load_or_fail(path);

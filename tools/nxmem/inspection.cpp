@@ -47,6 +47,7 @@ allocator_probe probe_on(const std::shared_ptr<host::plugin_module>& module,
     }
     probe.shared_mapping_view = allocator.shared_mapping().has_value();
     probe.capability_tables = allocator.capability_tables();
+    probe.host_bookkeeping_bytes = allocator.bookkeeping_bytes();
     return probe;
 }
 

@@ -33,6 +33,7 @@ struct allocator_probe {
     std::uint64_t commit_granularity = 0;        // 0 without virtual backing
     std::optional<allocator_usage> usage;        // the usage query's answer, when offered (minor 2)
     std::optional<error> usage_failed;           // offered, but the query failed
+    std::size_t host_bookkeeping_bytes = 0;      // what the host keeps for the open allocator
 };
 
 struct factory_report {

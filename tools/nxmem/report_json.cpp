@@ -45,6 +45,7 @@ json probe_json(const std::optional<allocator_probe>& probe) {
                           {"effective_minor", table.effective_minor}});
     }
     out["capability_tables"] = tables;
+    out["host_bookkeeping_bytes"] = probe->host_bookkeeping_bytes;
     if (probe->virtual_backing_view) {
         out["commit_granularity"] = probe->commit_granularity;
     }

@@ -66,6 +66,8 @@ void print_mechanism_details(std::ostream& out, const plugin_report& report) {
         } else if (probe.usage_failed) {
             details.push_back("usage query failed: " + probe.usage_failed->describe());
         }
+        details.push_back("host bookkeeping " + std::to_string(probe.host_bookkeeping_bytes) +
+                          " B with nothing live");
         if (!details.empty()) {
             out << "    " << entry.factory.name << ": " << join(details, "; ", "") << '\n';
         }

@@ -63,7 +63,8 @@ std::string release_all(host::plugin_allocator<D>& allocator, const std::vector<
 }
 
 // A virtual-backing mechanism only reserves on allocate: the whole allocation is committed before
-// the host touches it.
+// the host touches it. [0, size) is a legal range at any granularity: it starts at 0 and ends at
+// the allocation's end (ABI rules G3, G5), so a mechanism must accept it.
 template <Device D>
 result<void> make_usable(host::plugin_allocator<D>& allocator, const allocation<D>& made) {
     if ((allocator.capabilities() & NXMEM_CAP_VIRTUAL_BACKING) == 0) {
@@ -156,8 +157,8 @@ struct check_allocation_writable {
             std::uint8_t pattern = 1;
             for (const allocation<D>& made : live) {
                 if (result<void> usable = detail::make_usable(allocator, made); !usable) {
-                    problem = "committing " + std::to_string(made.size) + " bytes: " +
-                              usable.error().describe();
+                    problem = "commit of the legal range [0, " + std::to_string(made.size) +
+                              ") refused: " + usable.error().describe();
                     break;
                 }
             }
@@ -169,6 +170,9 @@ struct check_allocation_writable {
             }
             pattern = 1;
             for (const allocation<D>& made : live) {
+                if (!problem.empty()) {
+                    break; // a refused commit: nothing was written, and nothing may be read
+                }
                 const auto* bytes = static_cast<const std::uint8_t*>(made.address);
                 if (bytes[0] != pattern || bytes[made.size - 1] != pattern) {
                     problem = "the " + std::to_string(made.size) +

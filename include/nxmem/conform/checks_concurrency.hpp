@@ -79,7 +79,10 @@ struct check_concurrency_threads {
                 slot = made.value();
                 if constexpr (std::is_same_v<D, cpu_device>) {
                     if (result<void> usable = detail::make_usable(allocator, made.value()); !usable) {
-                        report("commit " + std::to_string(size) + " bytes: " + usable.error().describe());
+                        report("commit of the legal range [0, " + std::to_string(size) +
+                               ") refused: " + usable.error().describe());
+                        (void)allocator.release(made.value()); // never written: never read back
+                        slot.reset();
                         break;
                     }
                     std::memset(made.value().address, pattern, size);

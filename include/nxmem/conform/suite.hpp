@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/checks_allocation.hpp>
 #include <nxmem/conform/checks_callbacks.hpp>
 #include <nxmem/conform/checks_capabilities.hpp>
@@ -123,6 +124,14 @@ inline constexpr std::array all_checks{
         requirement::exports, &run_for_device<check_unload_idle>},
     check_definition{"unload.unmapped", "after unload the library is unmapped", "Unload",
         requirement::exports, &run_for_device<check_unload_unmapped>},
+    check_definition{"accounting.cycles", "allocate/release and load/unload cycles grow neither heap, address space nor resident memory", "Ownership",
+        requirement::allocation, &run_for_device<check_accounting_cycles>},
+    check_definition{"accounting.release_credit", "a structured release credits what the allocation cost", "Release outcomes",
+        requirement::allocation, &run_for_device<check_accounting_release_credit>},
+    check_definition{"accounting.result_mapped", "an allocation result's mapped_bytes agrees with the virtual-backing or usage accounting", "Requests and outputs",
+        requirement::allocation, &run_for_device<check_accounting_result_mapped>},
+    check_definition{"accounting.factories", "factory create/release cycles grow neither heap nor address space", "Ownership",
+        requirement::exports, &check_accounting_factories::run},
     check_definition{"negotiation.invalid_ranges", "inverted and empty host ranges are refused as invalid", "Versions",
         requirement::exports, &check_negotiation_invalid_ranges::run},
     check_definition{"callbacks.retain_release", "each retain keeps the allocator through one more release", "Slots",
@@ -198,6 +207,20 @@ inline std::optional<std::string> device_not_served(const std::filesystem::path&
     } else if (!factory->serves(device.type)) {
         reason = "'" + std::string(mechanism) + "' does not serve device type " +
                  std::string(device_type_name(device.type));
+    } else {
+        // device_types names types only; which indices a mechanism serves it says at open, by
+        // refusing the others with WRONG_DEVICE (ABI rule Q16). Any other refusal is
+        // allocator.open's to report.
+        (void)with_device_tag(device.type, [&]<Device D>() -> finding {
+            result<host::plugin_allocator<D>> opened =
+                host::open_allocator<D>(module.value(), mechanism, device.index);
+            if (!opened && opened.error().code == status_code::wrong_device) {
+                reason = "'" + std::string(mechanism) + "' does not serve " +
+                         std::string(device_type_name(device.type)) + ":" +
+                         std::to_string(device.index) + " (" + opened.error().describe() + ")";
+            }
+            return passed();
+        });
     }
     (void)module.value()->try_unload();
     return reason;

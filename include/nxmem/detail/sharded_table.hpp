@@ -1,58 +1,117 @@
 // A map from 64-bit keys to records, split into shards with a lock each, so threads working on
 // different keys rarely share a lock and no lock is process-wide. Used by the host (keyed by
-// allocation id) and by the plugin kit (keyed by address). Nothing is called with a lock held
-// except the caller's `match`, which must only compare.
+// allocation id) and by the plugin kit and plugins (keyed by address). Nothing is called with a
+// lock held except the caller's `match`/`change`, which must only compare or assign.
+//
+// Each shard is an open-addressing array of {key, record} slots (Robin Hood linear probing,
+// backward-shift deletion, so no tombstones): no heap node per record. A shard owns its cache
+// lines, so two threads on two shards never write the same line. A shard grows by about 1.25x
+// when it passes 90% full and, after removals leave it under 36% full, shrinks back to 72%; the
+// load stays between 0.36 and 0.9 and the memory follows the live count down as well as up.
+// Growth allocates (and throws std::bad_alloc with the table unchanged); shrinking is skipped when
+// memory is short, so removal never fails and never needs memory.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
+#include <nxmem/detail/spin_lock.hpp>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
+#include <new>
+#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace nxmem::detail {
 
 template <class Record> class sharded_table {
+    static_assert(std::is_nothrow_default_constructible_v<Record> &&
+                      std::is_nothrow_move_constructible_v<Record> &&
+                      std::is_nothrow_move_assignable_v<Record>,
+                  "records move without throwing: a failed growth must leave the table intact");
+
+    struct slot {
+        std::uint64_t key = 0; // empty_key marks a free slot
+        Record record{};
+    };
+
 public:
+    // The bytes one slot takes; a shard holds between 1/0.9 and 1/0.36 slots per record.
+    static constexpr std::size_t slot_bytes = sizeof(slot);
+    static constexpr std::size_t shard_count = 16;
+
+    sharded_table() = default;
+    sharded_table(const sharded_table&) = delete;
+    sharded_table& operator=(const sharded_table&) = delete;
+    ~sharded_table() {
+        for (shard& owner : shards_) {
+            delete[] owner.slots;
+        }
+    }
+
+    // Inserts, or replaces the record already at `key`. Throws std::bad_alloc, changing nothing,
+    // when the shard must grow and cannot.
     void insert(std::uint64_t key, Record record) {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.mutex);
-        owner.records.insert_or_assign(key, std::move(record));
+        std::lock_guard lock(owner.lock);
+        owner.reserve_one(); // may grow by one record's room needlessly when the key is there
+        owner.insert_or_assign(key, std::move(record));
     }
 
     // Removes and returns the record at `key` if `match(const Record*)` accepts it (it receives
-    // nullptr when there is none); otherwise returns match's failure and changes nothing.
+    // nullptr when there is none); otherwise returns match's failure and changes nothing. The
+    // room the record took stays free for its return: putting it back never allocates unless
+    // other inserts filled the shard meanwhile.
     template <class Match> result<Record> take(std::uint64_t key, Match&& match) {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.records.find(key);
-        NXMEM_TRY_VOID(match(found == owner.records.end() ? nullptr : &found->second));
-        Record record = std::move(found->second);
-        owner.records.erase(found);
-        return record;
+        std::lock_guard lock(owner.lock);
+        Record* found = owner.find(key);
+        NXMEM_TRY_VOID(match(static_cast<const Record*>(found)));
+        owner.shrink_if_sparse(1); // before the removal, so the record fits back
+        return owner.remove(key);
+    }
+
+    // Removes the record at `key`, if there is one; never allocates, never fails.
+    bool erase(std::uint64_t key) noexcept {
+        shard& owner = shard_of(key);
+        std::lock_guard lock(owner.lock);
+        if (key == empty_key) {
+            if (!owner.has_empty_key) {
+                return false;
+            }
+            (void)owner.remove(key);
+        } else {
+            const std::size_t at = owner.index_of(key);
+            if (at == not_found) {
+                return false;
+            }
+            (void)owner.remove_at(at);
+        }
+        owner.shrink_if_sparse(0);
+        return true;
     }
 
     // A copy of the record at `key`, if `match` accepts it.
     template <class Match> result<Record> find(std::uint64_t key, Match&& match) {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.records.find(key);
-        NXMEM_TRY_VOID(match(found == owner.records.end() ? nullptr : &found->second));
-        return found->second;
+        std::lock_guard lock(owner.lock);
+        const Record* found = owner.find(key);
+        NXMEM_TRY_VOID(match(found));
+        return *found;
     }
 
     // Applies `change(Record&)` to the record at `key`; false when there is none.
     template <class Change> bool update(std::uint64_t key, Change&& change) {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.records.find(key);
-        if (found == owner.records.end()) {
+        std::lock_guard lock(owner.lock);
+        Record* found = owner.find(key);
+        if (found == nullptr) {
             return false;
         }
-        change(found->second);
+        change(*found);
         return true;
     }
 
@@ -61,57 +120,243 @@ public:
     template <class Match, class Change>
     result<Record> modify(std::uint64_t key, Match&& match, Change&& change) {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.records.find(key);
-        NXMEM_TRY_VOID(match(found == owner.records.end() ? nullptr : &found->second));
-        change(found->second);
-        return found->second;
+        std::lock_guard lock(owner.lock);
+        Record* found = owner.find(key);
+        NXMEM_TRY_VOID(match(static_cast<const Record*>(found)));
+        change(*found);
+        return *found;
     }
 
     // Removes the records one at a time and hands each to `each(key, Record&&)` with no lock
     // held; allocates nothing, so destructors can use it.
     template <class Each> void take_each(Each&& each) noexcept {
         for (shard& owner : shards_) {
+            std::size_t cursor = 0;
             for (;;) {
-                typename decltype(owner.records)::node_type node;
+                std::uint64_t key = 0;
+                Record record{};
                 {
-                    std::lock_guard lock(owner.mutex);
-                    if (owner.records.empty()) {
+                    std::lock_guard lock(owner.lock);
+                    if (owner.count == 0) {
                         break;
                     }
-                    node = owner.records.extract(owner.records.begin());
+                    key = owner.next_key(cursor);
+                    record = owner.remove(key);
                 }
-                each(node.key(), std::move(node.mapped()));
+                each(key, std::move(record));
             }
         }
     }
 
-    // Every record, removed.
-    std::vector<std::pair<std::uint64_t, Record>> take_all() {
-        std::vector<std::pair<std::uint64_t, Record>> all;
-        for (shard& owner : shards_) {
-            std::lock_guard lock(owner.mutex);
-            for (auto& entry : owner.records) {
-                all.emplace_back(entry.first, std::move(entry.second));
-            }
-            owner.records.clear();
+    // Records held now (a sum of per-shard counts: exact when no call is in flight).
+    std::size_t size() const noexcept {
+        std::size_t total = 0;
+        for (const shard& owner : shards_) {
+            total += owner.published_count.load(std::memory_order_relaxed);
         }
-        return all;
+        return total;
+    }
+
+    // The bytes the table holds: its shards and their slot arrays.
+    std::size_t bytes() const noexcept {
+        std::size_t total = sizeof(*this);
+        for (const shard& owner : shards_) {
+            total += owner.published_capacity.load(std::memory_order_relaxed) * sizeof(slot);
+        }
+        return total;
     }
 
 private:
-    struct shard {
-        std::mutex mutex;
-        std::unordered_map<std::uint64_t, Record> records;
+    static constexpr std::uint64_t empty_key = 0;
+    static constexpr std::size_t not_found = ~std::size_t{0};
+    static constexpr std::size_t min_capacity = 8;
+
+    // A slot array plus the one record whose key is empty_key, kept beside it.
+    struct alignas(64) shard {
+        spin_lock lock;
+        bool has_empty_key = false;
+        slot* slots = nullptr;
+        std::size_t capacity = 0; // 0 until the first insert
+        std::size_t count = 0;    // records in `slots`, plus the empty-key one
+        // Copies of count and capacity readable without the lock (size(), bytes()).
+        std::atomic<std::size_t> published_count{0};
+        std::atomic<std::size_t> published_capacity{0};
+        Record empty_key_record{};
+
+        // The slot a key would sit in with no collision: a multiply-shift over the hash bits the
+        // shard index did not use, so any capacity works (not only powers of two).
+        std::size_t home(std::uint64_t key) const noexcept {
+            const std::uint64_t bits = mix(key) << shard_bits;
+            return static_cast<std::size_t>((static_cast<wide>(bits) * capacity) >> 64);
+        }
+        std::size_t distance(std::size_t at) const noexcept {
+            const std::size_t from = home(slots[at].key);
+            return at >= from ? at - from : at + capacity - from;
+        }
+        std::size_t next(std::size_t at) const noexcept { return at + 1 == capacity ? 0 : at + 1; }
+
+        Record* find(std::uint64_t key) noexcept {
+            if (key == empty_key) {
+                return has_empty_key ? &empty_key_record : nullptr;
+            }
+            const std::size_t at = index_of(key);
+            return at == not_found ? nullptr : &slots[at].record;
+        }
+        // The slot holding `key` (not empty_key), or not_found.
+        std::size_t index_of(std::uint64_t key) const noexcept {
+            if (capacity == 0) {
+                return not_found;
+            }
+            std::size_t at = home(key);
+            for (std::size_t probed = 0;; ++probed, at = next(at)) {
+                if (slots[at].key == key) {
+                    return at;
+                }
+                // Robin Hood order: a record further from its home than this key would be has
+                // been passed, so the key is not in the array.
+                if (slots[at].key == empty_key || distance(at) < probed) {
+                    return not_found;
+                }
+            }
+        }
+
+        // Replaces the record at `key`, or places it, in one probe; room is reserved.
+        void insert_or_assign(std::uint64_t key, Record&& record) noexcept {
+            if (key == empty_key) {
+                if (!has_empty_key) {
+                    ++count;
+                    published_count.store(count, std::memory_order_relaxed);
+                }
+                has_empty_key = true;
+                empty_key_record = std::move(record);
+                return;
+            }
+            std::size_t at = home(key);
+            for (std::size_t probed = 0;; ++probed, at = next(at)) {
+                if (slots[at].key == key) {
+                    slots[at].record = std::move(record);
+                    return;
+                }
+                // Where a lookup would stop, the key is absent: place it from here.
+                if (slots[at].key == empty_key || distance(at) < probed) {
+                    ++count;
+                    published_count.store(count, std::memory_order_relaxed);
+                    place_from(slots, at, probed, key, std::move(record));
+                    return;
+                }
+            }
+        }
+
+        // Room for one more record; throws std::bad_alloc, changing nothing.
+        void reserve_one() {
+            if ((count + 1) * 10 > capacity * 9) {
+                rehash(std::max(min_capacity, (count + 1) * 25 / 18)); // load 0.72 after
+            }
+        }
+
+        void place_in(slot* array, std::uint64_t key, Record&& record) noexcept {
+            place_from(array, home(key), 0, key, std::move(record));
+        }
+        // Robin Hood insertion of an absent key, starting `probed` slots past its home at `at`.
+        void place_from(slot* array, std::size_t at, std::size_t probed, std::uint64_t key,
+                        Record&& record) noexcept {
+            slot carried{key, std::move(record)};
+            for (;; ++probed, at = next(at)) {
+                if (array[at].key == empty_key) {
+                    array[at] = std::move(carried);
+                    return;
+                }
+                const std::size_t resident = home(array[at].key);
+                const std::size_t resident_distance =
+                    at >= resident ? at - resident : at + capacity - resident;
+                if (resident_distance < probed) { // the richer record moves on
+                    std::swap(carried, array[at]);
+                    probed = resident_distance;
+                }
+            }
+        }
+
+        // Removes a key that is in the table.
+        Record remove(std::uint64_t key) noexcept {
+            if (key == empty_key) {
+                --count;
+                published_count.store(count, std::memory_order_relaxed);
+                has_empty_key = false;
+                return std::exchange(empty_key_record, Record{});
+            }
+            std::size_t at = home(key);
+            while (slots[at].key != key) {
+                at = next(at);
+            }
+            return remove_at(at);
+        }
+        // Removes the record in slot `at`; shifts the records after it back one slot, so no
+        // tombstone is left for later probes to step over.
+        Record remove_at(std::size_t at) noexcept {
+            --count;
+            published_count.store(count, std::memory_order_relaxed);
+            Record taken = std::move(slots[at].record);
+            for (std::size_t after = next(at);
+                 slots[after].key != empty_key && distance(after) != 0; after = next(after)) {
+                slots[at] = std::move(slots[after]);
+                at = after;
+            }
+            slots[at].key = empty_key;
+            slots[at].record = Record{};
+            return taken;
+        }
+
+        // A key in the table, scanning on from `cursor` (take_each's position).
+        std::uint64_t next_key(std::size_t& cursor) const noexcept {
+            if (has_empty_key) {
+                return empty_key;
+            }
+            for (;; cursor = next(cursor)) {
+                if (slots[cursor].key != empty_key) {
+                    return slots[cursor].key;
+                }
+            }
+        }
+
+        // Gives memory back once the shard is under 36% full, keeping room for `spare` more
+        // records; skipped (the shard stays as it is) when the smaller array cannot be had.
+        void shrink_if_sparse(std::size_t spare) noexcept {
+            if (capacity <= min_capacity || count * 25 >= capacity * 9) {
+                return;
+            }
+            try {
+                rehash(std::max(min_capacity, (count + spare) * 25 / 18));
+            } catch (const std::bad_alloc&) {
+                // Memory is short: keep the larger array, which still holds everything.
+            }
+        }
+
+        void rehash(std::size_t new_capacity) {
+            slot* fresh = new slot[new_capacity]();
+            slot* old = slots;
+            const std::size_t old_capacity = capacity;
+            capacity = new_capacity;
+            for (std::size_t at = 0; at < old_capacity; ++at) {
+                if (old[at].key != empty_key) {
+                    place_in(fresh, old[at].key, std::move(old[at].record));
+                }
+            }
+            slots = fresh;
+            published_capacity.store(capacity, std::memory_order_relaxed);
+            delete[] old;
+        }
     };
 
-    // Fibonacci hashing: sequential ids and aligned addresses both spread over the shards.
-    shard& shard_of(std::uint64_t key) {
-        return shards_[(key * 0x9E3779B97F4A7C15ull) >> (64 - shard_bits)];
-    }
-
+    __extension__ using wide = unsigned __int128; // for the multiply-shift range reduction
     static constexpr unsigned shard_bits = 4;
-    std::array<shard, 1u << shard_bits> shards_;
+    static_assert(shard_count == 1u << shard_bits);
+
+    // Fibonacci hashing: sequential ids and aligned addresses both spread over shards and slots.
+    static std::uint64_t mix(std::uint64_t key) noexcept { return key * 0x9E3779B97F4A7C15ull; }
+
+    shard& shard_of(std::uint64_t key) noexcept { return shards_[mix(key) >> (64 - shard_bits)]; }
+
+    std::array<shard, shard_count> shards_;
 };
 
 } // namespace nxmem::detail

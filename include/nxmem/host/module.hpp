@@ -158,7 +158,7 @@ public:
                 return fail(status_code::invalid_argument, path_.string() + " is already unloaded");
             }
             NXMEM_TRY(reported, query_plugin());
-            return unload_readiness{reported, tally_.snapshot()};
+            return unload_readiness{reported, host_snapshot()};
         });
     }
 
@@ -224,7 +224,7 @@ private:
                         "unload refused: the plugin's readiness report failed: " +
                             reported.error().message);
         }
-        const unload_readiness both{reported.value(), tally_.snapshot()};
+        const unload_readiness both{reported.value(), host_snapshot()};
         if (!both.ready()) {
             state_.store(state::loaded);
             return fail(status_code::busy, "unload refused: " + both.describe());
@@ -445,14 +445,44 @@ public:
         }
     }
 
+    // The host's tally; allocations are summed over the allocators now open.
+    host_counts host_snapshot() const noexcept {
+        host_counts counts = tally_.snapshot();
+        std::lock_guard lock(allocators_mutex_);
+        for (const detail::allocation_count_link* link = allocators_.next;
+             link != nullptr && link != &allocators_; link = link->next) {
+            counts.allocations += link->count(link->owner);
+        }
+        return counts;
+    }
+
 private:
+    // An allocator joins the list when it opens and leaves it when it is destroyed.
+    void link_allocator(detail::allocation_count_link& link) noexcept {
+        std::lock_guard lock(allocators_mutex_);
+        if (allocators_.next == nullptr) {
+            allocators_.next = allocators_.previous = &allocators_;
+        }
+        link.previous = &allocators_;
+        link.next = allocators_.next;
+        allocators_.next->previous = &link;
+        allocators_.next = &link;
+    }
+    void unlink_allocator(detail::allocation_count_link& link) noexcept {
+        std::lock_guard lock(allocators_mutex_);
+        link.previous->next = link.next;
+        link.next->previous = link.previous;
+        link.previous = link.next = nullptr;
+    }
+
     std::vector<factory_entry> entries_;
     std::vector<factory_info> factories_;
     std::mutex parked_mutex_;
     std::vector<std::shared_ptr<detail::allocator_core>> parked_;
     std::size_t parking_reserved_ = 0;
     detail::host_tally tally_;
-    std::atomic<std::uint64_t> next_allocation_id_{1};
+    mutable std::mutex allocators_mutex_;
+    detail::allocation_count_link allocators_{}; // the list's sentinel
     std::atomic<state> state_{state::loading};
 };
 

@@ -40,7 +40,7 @@ public:
 
     device_id device() const noexcept { return core_->device(); }
 
-    // allocation_id is assigned by the host, monotonic across the module.
+    // allocation_id is assigned by the host: unique in the process, never reused (docs/ABI.md M3).
     result<allocation<D>> allocate(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(described, core_->allocate(size, alignment));
         return detail::from_wire<D>(described);
@@ -78,6 +78,9 @@ public:
         return core_->capability_tables();
     }
     std::uint64_t quarantined_bytes() const noexcept { return core_->quarantined_bytes(); }
+    // The memory the host keeps to track this allocator's allocations (its live table and side
+    // structures), in bytes: what the boundary costs beyond the mechanism's own memory.
+    std::size_t bookkeeping_bytes() const noexcept { return core_->bookkeeping_bytes(); }
     const std::shared_ptr<plugin_module>& module() const noexcept { return core_->module(); }
 
     // The plugin's raw table and the host's checked copy, for conformance checks that must

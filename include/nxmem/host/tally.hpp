@@ -66,19 +66,31 @@ struct unload_readiness {
 
 namespace detail {
 
-// The live counters behind host_counts.
+// The live counters behind host_counts, except allocations: those change on every allocate and
+// release, so each allocator counts its own (its live table's per-shard counts) and the module sums
+// them when asked, through each allocator's link. A module-wide counter here would be one cache
+// line written by every allocation of every thread.
 struct host_tally {
     std::atomic<std::uint64_t> allocators{0};
-    std::atomic<std::uint64_t> allocations{0};
     std::atomic<std::uint64_t> views{0};
     std::atomic<std::uint64_t> shared_prefixes{0};
     std::atomic<std::uint64_t> queued_releases{0};
     std::atomic<std::uint64_t> pins{0};
 
+    // Everything but allocations, which the caller fills in.
     host_counts snapshot() const noexcept {
-        return {allocators.load(), allocations.load(), views.load(), shared_prefixes.load(),
-                queued_releases.load(), pins.load()};
+        return {allocators.load(), 0, views.load(), shared_prefixes.load(), queued_releases.load(),
+                pins.load()};
     }
+};
+
+// One allocator's entry in its module's list of allocators; `count(owner)` reports the
+// allocations it holds now. Intrusive, so joining the list allocates nothing.
+struct allocation_count_link {
+    const void* owner = nullptr;
+    std::uint64_t (*count)(const void* owner) noexcept = nullptr;
+    allocation_count_link* previous = nullptr;
+    allocation_count_link* next = nullptr;
 };
 
 } // namespace detail

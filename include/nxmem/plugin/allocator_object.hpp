@@ -185,7 +185,7 @@ private:
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(request, abi::read_request(raw));
-            // M9: the records' form first (an unusable output refused before anything is made),
+            // M10: the records' form first (an unusable output refused before anything is made),
             // then identity, then the request's values.
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemAllocResult>()));
             NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
@@ -251,7 +251,7 @@ private:
             NXMEM_TRY(described, abi::read_request(raw));
             auto written = abi::make_struct<NxmemReleaseOutcome>();
             written.state = NXMEM_RELEASE_FAILED;
-            NXMEM_TRY_VOID(abi::write_output(out, written)); // M9: the form before identity
+            NXMEM_TRY_VOID(abi::write_output(out, written)); // M10: the form before identity
             NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
             NXMEM_TRY(record, object.registry_.take(described));
             result<release_outcome> released = object.mechanism_->release_allocation(record);

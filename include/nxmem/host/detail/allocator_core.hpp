@@ -11,6 +11,7 @@
 #include <nxmem/host/callback_guard.hpp>
 #include <nxmem/host/capability_table_level.hpp>
 #include <nxmem/host/completion.hpp>
+#include <nxmem/host/detail/allocation_ids.hpp>
 #include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/live_table.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
@@ -119,6 +120,9 @@ public:
         callbacks_.host_context = this;
         callbacks_.request_reclaim = reclaim_ ? &on_request_reclaim : nullptr;
         callbacks_.release_completed = &on_release_completed;
+        count_link_.owner = this;
+        count_link_.count = &count_allocations;
+        module_->link_allocator(count_link_);
     }
 
     allocator_core(const allocator_core&) = delete;
@@ -132,12 +136,13 @@ public:
         if (raw_ != nullptr) {
             live_.take_each([this](std::uint64_t allocation_id, live_record&& record) {
                 NxmemAllocation described = describe(allocation_id, record);
-                NxmemStatus status = abi::make_status();
+                NxmemStatus status;
+                prepare_status(status);
                 (void)table_.deallocate(raw_, &described, &status);
-                module_->tally_.allocations.fetch_sub(1);
             });
             table_.release(raw_);
         }
+        module_->unlink_allocator(count_link_);
         module_->tally_.shared_prefixes.fetch_sub(prefixes_held_.load());
         module_->tally_.allocators.fetch_sub(1);
     }
@@ -152,6 +157,22 @@ public:
     std::uint32_t effective_minor() const noexcept { return table_.abi_minor; }
     bool offers_reclaim() const noexcept { return static_cast<bool>(reclaim_); }
     std::uint64_t quarantined_bytes() const noexcept { return quarantined_bytes_.load(); }
+    // Allocations this allocator holds now: live records, plus queued releases not yet retired.
+    std::uint64_t live_allocations() const noexcept {
+        return live_.size() + retiring_.load(std::memory_order_relaxed);
+    }
+    // The memory the host keeps to track this allocator's allocations: the live table (shards and
+    // slot arrays), the queued-release bookkeeping and the quarantined addresses.
+    std::size_t bookkeeping_bytes() const noexcept {
+        std::size_t bytes = live_.bytes();
+        {
+            std::lock_guard lock(deferred_mutex_);
+            bytes += pending_.size() * tree_node_bytes<pending_release>() +
+                     completed_.capacity() * sizeof(release_completion);
+        }
+        std::lock_guard lock(quarantine_mutex_);
+        return bytes + quarantined_addresses_.size() * tree_node_bytes<std::uint64_t>();
+    }
     // The plugin's own table pointer and the host's checked copy: for conformance checks only.
     NxmemAllocatorVtable* raw_table() const noexcept { return raw_; }
     const NxmemAllocatorVtable& checked_table() const noexcept { return table_; }
@@ -200,14 +221,21 @@ private:
                         "allocate: alignment " + std::to_string(alignment) +
                             " is not a power of two");
         }
+        if (size > live_record::max_size) {
+            return fail(status_code::out_of_memory,
+                        "allocate: '" + mechanism_name_ + "' cannot be asked for " +
+                            std::to_string(size) + " bytes: the host records sizes up to 2^57 - 1 "
+                            "bytes, more than any address space maps");
+        }
         auto request = abi::make_struct<NxmemAllocRequest>();
         request.mechanism_id = mechanism_id_;
         request.device = device_.to_wire();
-        request.allocation_id = module_->next_allocation_id_.fetch_add(1, std::memory_order_relaxed);
+        request.allocation_id = next_allocation_id();
         request.size = size;
         request.alignment = alignment;
         auto produced = abi::make_struct<NxmemAllocResult>();
-        NxmemStatus status = abi::make_status();
+        NxmemStatus status;
+        prepare_status(status);
         const NxmemStatusCode code = table_.allocate(raw_, &request, &produced, &status);
         if (code != NXMEM_STATUS_OK) {
             return fail(status_code_from_wire(code), abi::read_status_message(status));
@@ -227,19 +255,19 @@ private:
             return fail(status_code::contract_violation, describe_bad_allocation(produced, size, alignment));
         }
         try {
-            live_.insert(described.allocation_id, {described.address, size, alignment});
+            live_.insert(described.allocation_id, live_record(described.address, size, alignment));
         } catch (...) {
             (void)table_.deallocate(raw_, &described, &status); // no record, no allocation
             throw;
         }
-        module_->tally_.allocations.fetch_add(1);
         return described;
     }
 
     result<release_report> release_unguarded(const NxmemAllocation& described) {
         NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
         NXMEM_TRY(record, live_.claim(described));
-        NxmemStatus status = abi::make_status();
+        NxmemStatus status;
+        prepare_status(status);
         if (table_.release_allocation == nullptr) {
             const NxmemStatusCode code = table_.deallocate(raw_, &described, &status);
             if (code != NXMEM_STATUS_OK) {
@@ -247,8 +275,7 @@ private:
                 return plugin_failure(code, status);
             }
             live_.erase_claimed(described.allocation_id);
-            module_->tally_.allocations.fetch_sub(1);
-            return release_report{release_state::complete, record.size, 0};
+            return release_report{release_state::complete, record.size(), 0};
         }
         auto outcome = abi::make_struct<NxmemReleaseOutcome>();
         const NxmemStatusCode code = table_.release_allocation(raw_, &described, &outcome, &status);
@@ -260,7 +287,6 @@ private:
                             abi::read_status_message(status));
         }
         live_.erase_claimed(described.allocation_id);
-        module_->tally_.allocations.fetch_sub(1);
         return interpret(outcome, record);
     }
 
@@ -301,7 +327,12 @@ private:
             entry.pin = shared_from_this();
         }
         module_->tally_.queued_releases.fetch_add(1); // before the ABI call, as the contract says
-        NxmemStatus status = abi::make_status();
+        // Counted as retiring before the call (its completion may come inside it), while the
+        // claimed record still counts too: an overcount for the length of the call, never an
+        // undercount.
+        retiring_.fetch_add(1, std::memory_order_relaxed);
+        NxmemStatus status;
+        prepare_status(status);
         const NxmemStatusCode code = table_.enqueue_release(raw_, &described, ticket, &status);
         if (code == NXMEM_STATUS_OK) {
             live_.erase_claimed(described.allocation_id);
@@ -326,6 +357,7 @@ private:
             }
         }
         module_->tally_.queued_releases.fetch_sub(1);
+        retiring_.fetch_sub(1, std::memory_order_relaxed);
         live_.unclaim(described.allocation_id);
         return plugin_failure(code, status);
     }
@@ -572,20 +604,26 @@ private:
     }
 
     result<void> check_identity(std::uint64_t mechanism_id, const NxmemDeviceId& device) const {
+        if (mechanism_id == mechanism_id_ && device.device_type == device_.type &&
+            device.index == device_.index) [[likely]] {
+            return boost::outcome_v2::success();
+        }
+        return identity_error(mechanism_id, device);
+    }
+    // Why check_identity refused: built only when it does.
+    [[gnu::noinline, gnu::cold]] result<void> identity_error(std::uint64_t mechanism_id,
+                                                             const NxmemDeviceId& device) const {
         if (mechanism_id != mechanism_id_) {
             return fail(status_code::wrong_mechanism,
                         "an object of mechanism " + std::to_string(mechanism_id) +
                             " was handed to '" + mechanism_name_ + "' (mechanism " +
                             std::to_string(mechanism_id_) + ")");
         }
-        if (device_id::from_wire(device) != device_) {
-            return fail(status_code::wrong_device,
-                        "an object of device " + std::string(device_type_name(device.device_type)) +
-                            ":" + std::to_string(device.index) + " was handed to an allocator of " +
-                            std::string(device_type_name(device_.type)) + ":" +
-                            std::to_string(device_.index));
-        }
-        return boost::outcome_v2::success();
+        return fail(status_code::wrong_device,
+                    "an object of device " + std::string(device_type_name(device.device_type)) +
+                        ":" + std::to_string(device.index) + " was handed to an allocator of " +
+                        std::string(device_type_name(device_.type)) + ":" +
+                        std::to_string(device_.index));
     }
 
     bool reissues_quarantined(std::uint64_t address) {
@@ -624,14 +662,14 @@ private:
         }
         try {
             std::lock_guard lock(quarantine_mutex_);
-            quarantined_addresses_.insert(record.address);
+            quarantined_addresses_.insert(record.address());
         } catch (...) {
             // Out of memory: the residue is still counted below.
         }
         any_quarantined_.store(true, std::memory_order_release);
         const std::uint64_t residue = outcome.state == NXMEM_RELEASE_QUARANTINED
                                           ? outcome.residual_owned_bytes
-                                          : record.size; // unknown state: assume it kept it all
+                                          : record.size(); // unknown state: assume it kept it all
         quarantined_bytes_.fetch_add(residue);
         return release_report{release_state::quarantined,
                               outcome.state == NXMEM_RELEASE_QUARANTINED ? outcome.unmapped_bytes : 0,
@@ -672,10 +710,30 @@ private:
         described.mechanism_id = mechanism_id_;
         described.device = device_.to_wire();
         described.allocation_id = allocation_id;
-        described.address = record.address;
-        described.size = record.size;
-        described.alignment = record.alignment;
+        described.address = record.address();
+        described.size = record.size();
+        described.alignment = record.alignment();
         return described;
+    }
+
+    // What a status must hold before the plugin gets it: its size, OK and an empty message. The
+    // rest of the message buffer is left as it is: a reader stops at the first NUL, the plugin
+    // writes its message NUL-terminated (abi::write_status), and zeroing 264 bytes on every call
+    // costs more than the call's own checks.
+    static void prepare_status(NxmemStatus& status) noexcept {
+        status.struct_size = sizeof(NxmemStatus);
+        status.code = NXMEM_STATUS_OK;
+        status.message[0] = '\0';
+    }
+
+    // About what one node of a std::map or std::set holding `T` takes (libstdc++: colour and
+    // three links, then the value).
+    template <class T> static constexpr std::size_t tree_node_bytes() noexcept {
+        return 4 * sizeof(void*) + sizeof(T);
+    }
+
+    static std::uint64_t count_allocations(const void* core) noexcept {
+        return static_cast<const allocator_core*>(core)->live_allocations();
     }
 
     // ---- host callbacks (called by the plugin; each runs inside the host's guard) ----
@@ -727,7 +785,7 @@ private:
             core.module_->park(std::move(found->second.pin));
             core.pending_.erase(found);
             core.module_->tally_.queued_releases.fetch_sub(1);
-            core.module_->tally_.allocations.fetch_sub(1);
+            core.retiring_.fetch_sub(1, std::memory_order_relaxed);
         });
         if (!recorded) {
             std::lock_guard lock(core.deferred_mutex_);
@@ -750,6 +808,9 @@ private:
     std::uint64_t mechanism_id_;
     std::string mechanism_name_;
     live_table live_;
+    // Allocations erased from live_ whose queued release has not retired yet.
+    std::atomic<std::uint64_t> retiring_{0};
+    allocation_count_link count_link_; // this allocator in its module's list
 
     mutable std::mutex deferred_mutex_;
     std::atomic<std::uint64_t> next_ticket_{1};
@@ -759,7 +820,7 @@ private:
     bool completion_violation_unrecorded_ = false;
     std::atomic<std::uint64_t> prefixes_held_{0}; // references the engine holds from this allocator
 
-    std::mutex quarantine_mutex_;
+    mutable std::mutex quarantine_mutex_;
     std::atomic<bool> any_quarantined_{false};
     std::set<std::uint64_t> quarantined_addresses_;
     std::atomic<std::uint64_t> quarantined_bytes_{0};

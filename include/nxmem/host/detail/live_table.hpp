@@ -7,48 +7,78 @@
 #include <nxmem/abi/result.hpp>
 #include <nxmem/detail/hex.hpp>
 #include <nxmem/detail/sharded_table.hpp>
+#include <nxmem/nxmem_memory_abi.h>
 
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace nxmem::host::detail {
 
-struct live_record {
-    std::uint64_t address = 0;
-    std::uint64_t size = 0;
-    std::uint64_t alignment = 0;
-    bool releasing = false; // claimed by a release or enqueue that has not finished
+// One live allocation in 16 bytes (24 with its id in the table's slot): the size, the alignment's
+// exponent and the releasing mark share one word, so sizes are below 2^57 bytes (128 PiB, more
+// than any address space maps); the host refuses larger requests before calling the plugin.
+class live_record {
+public:
+    static constexpr std::uint64_t max_size = (std::uint64_t{1} << 57) - 1;
+
+    live_record() = default;
+    // `size` <= max_size and `alignment` a power of two (allocate checks both).
+    live_record(std::uint64_t address, std::uint64_t size, std::uint64_t alignment) noexcept
+        : address_(address),
+          shape_(size | static_cast<std::uint64_t>(std::countr_zero(alignment)) << alignment_shift) {}
+
+    std::uint64_t address() const noexcept { return address_; }
+    std::uint64_t size() const noexcept { return shape_ & max_size; }
+    std::uint64_t alignment() const noexcept {
+        return std::uint64_t{1} << ((shape_ >> alignment_shift) & 63u);
+    }
+    // Claimed by a release or enqueue that has not finished.
+    bool releasing() const noexcept { return (shape_ & releasing_bit) != 0; }
+    void mark_releasing(bool releasing) noexcept {
+        shape_ = releasing ? shape_ | releasing_bit : shape_ & ~releasing_bit;
+    }
+
+private:
+    static constexpr unsigned alignment_shift = 57;
+    static constexpr std::uint64_t releasing_bit = std::uint64_t{1} << 63;
+    std::uint64_t address_ = 0;
+    std::uint64_t shape_ = 0; // bits 0-56 size, 57-62 log2(alignment), 63 releasing
 };
+static_assert(sizeof(live_record) == 16);
 
 class live_table {
     // Accepts the record only if it exists and matches the host's description.
     static auto matcher(const NxmemAllocation& described) {
         return [&described](const live_record* record) -> result<void> {
-            if (record == nullptr || record->releasing) {
+            if (record == nullptr || record->releasing()) [[unlikely]] {
                 return fail(status_code::unknown_allocation,
                             "no live allocation with id " + std::to_string(described.allocation_id) +
                                 " (address 0x" + nxmem::detail::to_hex(described.address) +
                                 ") in this allocator" +
                                 (record != nullptr ? " (it is being released)" : ""));
             }
-            if (record->address != described.address || record->size != described.size ||
-                record->alignment != described.alignment) {
+            if (record->address() != described.address || record->size() != described.size ||
+                record->alignment() != described.alignment) [[unlikely]] {
                 return fail(status_code::invalid_argument,
                             "misdescribed allocation " + std::to_string(described.allocation_id) +
                                 ": address 0x" + nxmem::detail::to_hex(described.address) +
                                 ", size " + std::to_string(described.size) + ", alignment " +
                                 std::to_string(described.alignment) + " but the live one is at 0x" +
-                                nxmem::detail::to_hex(record->address) + ", size " +
-                                std::to_string(record->size) + ", alignment " +
-                                std::to_string(record->alignment));
+                                nxmem::detail::to_hex(record->address()) + ", size " +
+                                std::to_string(record->size()) + ", alignment " +
+                                std::to_string(record->alignment()));
             }
             return boost::outcome_v2::success();
         };
     }
 
 public:
+    // The bytes one record takes in its slot, id included.
+    static constexpr std::size_t slot_bytes = nxmem::detail::sharded_table<live_record>::slot_bytes;
+
+    // Throws std::bad_alloc, changing nothing, when the table must grow and cannot.
     void insert(std::uint64_t allocation_id, const live_record& record) {
         records_.insert(allocation_id, record);
     }
@@ -57,20 +87,14 @@ public:
     // already being released or a description that does not match, leaving the table unchanged.
     result<live_record> claim(const NxmemAllocation& described) {
         return records_.modify(described.allocation_id, matcher(described),
-                               [](live_record& record) { record.releasing = true; });
+                               [](live_record& record) { record.mark_releasing(true); });
     }
-    // The claimed allocation is gone: erases its record (allocates nothing).
-    void erase_claimed(std::uint64_t allocation_id) noexcept {
-        (void)records_.take(allocation_id, [](const live_record* record) -> result<void> {
-            if (record == nullptr) {
-                return error{status_code::unknown_allocation, {}}; // no message: nothing allocated
-            }
-            return boost::outcome_v2::success();
-        });
-    }
+    // The claimed allocation is gone: erases its record (allocates nothing; the table gives memory
+    // back when it has become sparse and memory can be had for the smaller array).
+    void erase_claimed(std::uint64_t allocation_id) noexcept { (void)records_.erase(allocation_id); }
     // The claimed allocation is as live as before (allocates nothing).
     void unclaim(std::uint64_t allocation_id) noexcept {
-        (void)records_.update(allocation_id, [](live_record& record) { record.releasing = false; });
+        (void)records_.update(allocation_id, [](live_record& record) { record.mark_releasing(false); });
     }
 
     result<live_record> find(const NxmemAllocation& described) {
@@ -82,6 +106,11 @@ public:
     template <class Each> void take_each(Each&& each) noexcept {
         records_.take_each(std::forward<Each>(each));
     }
+
+    // Records held, claimed ones included (exact when no call is in flight).
+    std::size_t size() const noexcept { return records_.size(); }
+    // What the table holds in memory: its shards and slot arrays.
+    std::size_t bytes() const noexcept { return records_.bytes(); }
 
 private:
     nxmem::detail::sharded_table<live_record> records_;

@@ -1,0 +1,26 @@
+// In a translation unit of its own, so no call site sees both the replaced new and free.
+#include "counting_new.hpp"
+
+#include <cstdlib>
+#include <new>
+
+namespace nxmem::test {
+bool fail_allocations = false;
+std::size_t allocations = 0;
+} // namespace nxmem::test
+
+void* operator new(std::size_t bytes) {
+    ++nxmem::test::allocations;
+    if (nxmem::test::fail_allocations) {
+        throw std::bad_alloc();
+    }
+    if (void* memory = std::malloc(bytes == 0 ? 1 : bytes)) {
+        return memory;
+    }
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes) { return operator new(bytes); }
+void operator delete(void* memory) noexcept { std::free(memory); }
+void operator delete[](void* memory) noexcept { std::free(memory); }
+void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }
+void operator delete[](void* memory, std::size_t) noexcept { std::free(memory); }
