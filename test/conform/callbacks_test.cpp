@@ -3,7 +3,7 @@
 // check of the rule it breaks and passes the others; the conforming ones pass them (not merely
 // "not applicable"); and the kit rules those checks rely on (D10, D11, H6) hold.
 #include "../support/plugin_paths.hpp"
-#include "results.hpp"
+#include "../support/conform_results.hpp"
 
 #include <nxmem/conform.hpp>
 #include <nxmem/host.hpp>

@@ -3,7 +3,6 @@
 // checks for the rule it breaks.
 #include "../support/conform_results.hpp"
 #include "../support/plugin_paths.hpp"
-#include "results.hpp"
 
 #include <nxmem/conform.hpp>
 #include <nxmem/host.hpp>
