@@ -414,11 +414,13 @@ typedef struct NxmemNegotiateResponse {
 
 /* Asks the host to free at least request->bytes_needed. Returns OK when the plugin should retry,
  * HOST_REFUSED when the host declined. May re-enter the calling plugin on the same thread: hold
- * no lock across it. */
+ * no lock across it. Without this callback an allocation over a budget is OUT_OF_MEMORY, not
+ * UNSUPPORTED_CAPABILITY (ABI.md H6). */
 typedef NxmemStatusCode (*NxmemRequestReclaimFn)(void *host_context,
                                                  const NxmemReclaimRequest *request,
                                                  NxmemStatus *status);
-/* Tells the host that a queued release has retired. Called once per ticket, in enqueue order. */
+/* Tells the host that a queued release has retired. Called once per ticket, in enqueue order,
+ * with no plugin lock held: the host may re-enter the plugin from it (ABI.md T5, D11). */
 typedef void (*NxmemReleaseCompletedFn)(void *host_context,
                                         const NxmemReleaseCompletion *completion);
 
@@ -440,8 +442,10 @@ typedef struct NxmemHostCallbacks {
  * `callbacks` is borrowed for the allocator's lifetime (and until its last queued release has
  * retired); it may be NULL when the host offers no callbacks.
  * `options` is `options_length` bytes of text, not necessarily NUL-terminated, borrowed for the
- * call: entries `key=value` separated by ';' or '\n', at most NXMEM_MAX_OPTIONS_BYTES. A mechanism
- * refuses (INVALID_ARGUMENT, naming it) an option it does not know. */
+ * call: entries `key=value` separated by ';' or '\n', at most NXMEM_MAX_OPTIONS_BYTES. Entries,
+ * keys and values are trimmed of spaces, tabs and CRs; empty entries are skipped; the value may be
+ * empty; an entry without '=', an empty key or a key given twice is INVALID_ARGUMENT (ABI.md X9).
+ * A mechanism refuses (INVALID_ARGUMENT, naming it) an option it does not know. */
 /* @layout NxmemOpenRequest size=48 align=8 since=0 */
 typedef struct NxmemOpenRequest {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
@@ -567,9 +571,14 @@ typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAl
  *   release_allocation (minor 1)        NXMEM_CAP_STRUCTURED_RELEASE
  *   query_usage (minor 2)               NXMEM_CAP_USAGE_QUERY
  *
- * enqueue_release: hands the allocation over; it retires later. `ticket` is the host's.
+ * enqueue_release: hands the allocation over; it retires later. `ticket` is the host's. From
+ *         then on deallocate and release_allocation of it are UNKNOWN_ALLOCATION (ABI.md D9).
+ *         A host that offers no release_completed gets no deferred release: the flag is clear
+ *         and both slots NULL (D10).
  * drain_releases: retires what can be retired, calling the host's release_completed once per
- *         ticket in enqueue order, with no plugin lock held; `*retired` receives the count.
+ *         ticket in enqueue order, with no plugin lock held; `*retired` receives the count. A
+ *         call made while another drain of the allocator runs (another thread, or re-entered
+ *         from release_completed) returns OK at once with *retired = 0 and never blocks (D11).
  * release_allocation: releases and reports an NxmemReleaseOutcome. On FAILED nothing changed.
  * query_usage: writes what the allocator holds now into `usage` (see NxmemAllocatorUsage). */
 /* @layout NxmemAllocatorVtable size=128 align=8 since=0 */

@@ -1,8 +1,8 @@
 /*
  * nxmem_plugin_helpers.h: what every plugin written in C needs around nxmem_memory_abi.h and
  * would otherwise copy out of the example: writing a status, checking a request and an output,
- * and writing an output within the size its receiver declared. Each helper implements rules of
- * docs/ABI.md, named at the helper.
+ * writing an output within the size its receiver declared, and reading the open options. Each
+ * helper implements rules of docs/ABI.md, named at the helper.
  *
  * C11 or C++, no dependency but the C standard library and the contract header. Every function
  * is static inline: nothing is exported, so including this header changes no plugin's exports.
@@ -156,6 +156,107 @@ static inline void nxmem_copy_output(void *out, const void *value, size_t known)
     memcpy(&size, out, sizeof size);
     const size_t count = (size < known ? size : known) - sizeof size;
     memcpy((unsigned char *)out + sizeof size, (const unsigned char *)value + sizeof size, count);
+}
+
+/* ---- open options (ABI.md X9) ----
+ * `NxmemOpenRequest::options` is `options_length` bytes (not NUL-terminated) of entries separated
+ * by ';' or '\n'. Each entry is trimmed of spaces, tabs and CRs; an empty entry is skipped; a
+ * non-empty one is key=value split at its first '=', key and value trimmed, the key non-empty, the
+ * value possibly empty. The kit's nxmem::plugin::options reads the same grammar. */
+
+/* One entry: pointers into the caller's options text, not NUL-terminated. */
+typedef struct NxmemOptionEntry {
+    const char *key;
+    size_t key_length;
+    const char *value;
+    size_t value_length;
+} NxmemOptionEntry;
+
+static inline int nxmem_option_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* Trims [*first, *last) of spaces, tabs and CRs. */
+static inline void nxmem_option_trim(const char **first, const char **last) {
+    while (*first < *last && nxmem_option_blank(**first)) {
+        ++*first;
+    }
+    while (*last > *first && nxmem_option_blank((*last)[-1])) {
+        --*last;
+    }
+}
+
+/* Reads the next entry of [*cursor, end) into `entry` and advances *cursor past it. Returns 1 for
+ * an entry, 0 at the end of the text, or INVALID_ARGUMENT (written to `status`, naming the entry)
+ * for an entry without '=' or with an empty key. Repeated keys: see nxmem_option_check_unique. */
+static inline int nxmem_option_next(const char **cursor, const char *end, NxmemOptionEntry *entry,
+                                    NxmemStatus *status) {
+    while (*cursor < end) {
+        const char *first = *cursor;
+        const char *stop = first;
+        while (stop < end && *stop != ';' && *stop != '\n') {
+            ++stop;
+        }
+        *cursor = stop < end ? stop + 1 : end;
+        const char *last = stop;
+        nxmem_option_trim(&first, &last);
+        if (first == last) {
+            continue; /* an empty entry */
+        }
+        const char *equals = (const char *)memchr(first, '=', (size_t)(last - first));
+        const char *key_last = equals == NULL ? first : equals;
+        const char *key_first = first;
+        nxmem_option_trim(&key_first, &key_last);
+        if (equals == NULL || key_first == key_last) {
+            const int shown = last - first > 64 ? 64 : (int)(last - first);
+            nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
+                         "option '%.*s' is not of the form key=value", shown, first);
+            return -1;
+        }
+        const char *value_first = equals + 1;
+        const char *value_last = last;
+        nxmem_option_trim(&value_first, &value_last);
+        entry->key = key_first;
+        entry->key_length = (size_t)(key_last - key_first);
+        entry->value = value_first;
+        entry->value_length = (size_t)(value_last - value_first);
+        return 1;
+    }
+    return 0;
+}
+
+/* Checks a whole options text: at most NXMEM_MAX_OPTIONS_BYTES, every entry well formed, no key
+ * given twice. Returns OK or INVALID_ARGUMENT naming the fault. Call it first; then read the
+ * entries with nxmem_option_next and refuse any key the mechanism does not know. */
+static inline NxmemStatusCode nxmem_option_check(const char *options, uint64_t length,
+                                                 NxmemStatus *status) {
+    if (length == 0) {
+        return NXMEM_STATUS_OK;
+    }
+    if (options == NULL || length > NXMEM_MAX_OPTIONS_BYTES) {
+        return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
+                            "options: NULL, or %llu bytes over %u", (unsigned long long)length,
+                            (unsigned)NXMEM_MAX_OPTIONS_BYTES);
+    }
+    const char *end = options + length;
+    const char *outer = options;
+    NxmemOptionEntry entry;
+    int found;
+    while ((found = nxmem_option_next(&outer, end, &entry, status)) == 1) {
+        const char *inner = outer;
+        NxmemOptionEntry later;
+        int again;
+        while ((again = nxmem_option_next(&inner, end, &later, status)) == 1) {
+            if (later.key_length == entry.key_length &&
+                memcmp(later.key, entry.key, entry.key_length) == 0) {
+                const int shown = entry.key_length > 64 ? 64 : (int)entry.key_length;
+                return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
+                                    "option '%.*s' given twice", shown, entry.key);
+            }
+        }
+        if (again < 0) {
+            return NXMEM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    return found < 0 ? NXMEM_STATUS_INVALID_ARGUMENT : NXMEM_STATUS_OK;
 }
 
 #endif /* NXMEM_PLUGIN_HELPERS_H */

@@ -263,9 +263,11 @@ NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemNegotiate(const NxmemNegotiateRequest *
         return code;
     }
     const NxmemVersionRange host = request->host_range;
-    if (host.min_minor > host.max_minor) {
+    if (host.major == 0 || host.min_minor > host.max_minor) { /* ABI.md V6 */
         return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
-                            "negotiate: host range is inverted");
+                            "negotiate: host range %u.%u-%u.%u is invalid (major 0, or inverted)",
+                            (unsigned)host.major, (unsigned)host.min_minor, (unsigned)host.major,
+                            (unsigned)host.max_minor);
     }
     code = NXMEM_CHECK_OUTPUT(NxmemNegotiateResponse, plugin_range, response, status);
     if (code != NXMEM_STATUS_OK) {

@@ -31,9 +31,9 @@ static NxmemStatusCode fixture_negotiate(const NxmemNegotiateRequest *request,
     }
     const NxmemVersionRange host = request->host_range;
     const NxmemVersionRange ours = {sizeof(NxmemVersionRange), NXMEM_ABI_MAJOR, 0u, max_minor};
-    if (host.min_minor > host.max_minor) {
+    if (host.major == 0 || host.min_minor > host.max_minor) { /* ABI.md V6 */
         return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
-                            "negotiate: host range is inverted");
+                            "negotiate: host range is invalid (major 0, or inverted)");
     }
     const uint32_t high = host.max_minor < ours.max_minor ? host.max_minor : ours.max_minor;
     const bool overlap = host.major == ours.major && host.min_minor <= high;

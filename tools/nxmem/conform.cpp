@@ -21,6 +21,7 @@ struct conform_options {
     bool json = false;
     std::string junit;
     unsigned timeout_seconds = 300;
+    std::string mechanism_options;
 };
 
 int run_conform(const conform_options& options) {
@@ -51,6 +52,7 @@ int run_conform(const conform_options& options) {
             request.device = parse_device(options.device); // already validated
         }
         request.timeout_seconds = options.timeout_seconds;
+        request.mechanism_options = options.mechanism_options;
         runs.push_back(run_conformance(request));
     }
 
@@ -119,6 +121,18 @@ subcommand add_conform(CLI::App& parent) {
                      "testcase per check")
         ->type_name("FILE")
         ->excludes(json);
+    conform
+        ->add_option("--options", options->mechanism_options,
+                     "Open every mechanism checked with these options (key=value entries "
+                     "separated by ';'), e.g. budget=1M so that callbacks.reclaim_pressure applies")
+        ->type_name("TEXT")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                return text.size() <= NXMEM_MAX_OPTIONS_BYTES
+                           ? std::string()
+                           : "at most " + std::to_string(NXMEM_MAX_OPTIONS_BYTES) + " bytes";
+            },
+            std::string()));
     conform->add_option("--timeout", options->timeout_seconds,
                         "Seconds one mechanism's checks may take before they count as hung "
                         "(default 300)")

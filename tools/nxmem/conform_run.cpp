@@ -133,7 +133,9 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
                       {"expected", result.expected},
                       {"actual", result.actual}});
             };
-            (void)conform::run_mechanism_checks(request.path, name, device, {}, hooks);
+            conform::suite_options options;
+            options.mechanism_options = request.mechanism_options;
+            (void)conform::run_mechanism_checks(request.path, name, device, options, hooks);
         },
         request.timeout_seconds);
     std::string running;

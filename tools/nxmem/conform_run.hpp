@@ -42,6 +42,7 @@ struct conform_request {
     std::optional<std::string> mechanism; // only this one
     std::optional<device_id> device;      // instead of each mechanism's default
     unsigned timeout_seconds = 300;       // per mechanism
+    std::string mechanism_options;        // key=value open options for every mechanism (--options)
 };
 
 // Lists the plugin's mechanisms in one child, then runs each mechanism's checks in another.

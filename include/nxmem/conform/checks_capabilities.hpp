@@ -303,7 +303,7 @@ struct check_capability_host_reclaim {
         NXMEM_CONFORM_TRY(before, "the plugin reports its readiness", opened.plugin_counts());
         NXMEM_CONFORM_TRY(refused_host, "the mechanism opens with a refusing reclaim hook",
                           host::open_allocator<D>(opened.module(), target.mechanism,
-                                                  target.device.index, {}, refusing));
+                                                  target.device.index, target.options, refusing));
         announce_step("allocate 64 KiB with a reclaim hook that refuses");
         result<allocation<D>> made = refused_host.allocate(1 << 16, 64);
         if (made) {

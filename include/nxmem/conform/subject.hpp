@@ -18,9 +18,16 @@
 namespace nxmem::conform {
 
 struct subject {
+    subject() = default;
+    // A constructor, not an aggregate: the three-field form stays valid as fields are added.
+    subject(std::filesystem::path plugin, std::string name, device_id on, std::string open_options = {})
+        : path(std::move(plugin)), mechanism(std::move(name)), device(on),
+          options(std::move(open_options)) {}
+
     std::filesystem::path path;
     std::string mechanism;
     device_id device{NXMEM_DEVICE_CPU, 0};
+    std::string options; // the open options every check passes (`nxmem conform --options`)
 
     std::string describe() const {
         return "'" + mechanism + "' on " + std::string(device_type_name(device.type)) + ":" +
@@ -33,6 +40,8 @@ struct suite_options {
     unsigned threads = 4;         // concurrency.threads
     unsigned iterations = 200;    // per thread
     unsigned drain_attempts = 64; // drain_releases calls before queued releases count as stuck
+    std::string mechanism_options;     // key=value open options for the mechanism (subject::options)
+    unsigned reentry_wait_ms = 5000;   // how long a call re-entering the plugin may take (callbacks.*)
 };
 
 // A loaded module and, when the mechanism opened, an allocator of it on the subject's device.
@@ -67,7 +76,7 @@ public:
             return boost::outcome_v2::success(); // nothing to evict; the plugin may retry
         };
         result<host::plugin_allocator<D>> opened = host::open_allocator<D>(
-            module_, target.mechanism, target.device.index, {}, reclaim_hook);
+            module_, target.mechanism, target.device.index, target.options, reclaim_hook);
         if (!opened) {
             return std::move(opened).error();
         }

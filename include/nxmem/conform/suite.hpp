@@ -8,6 +8,7 @@
 #include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/checks_allocation.hpp>
 #include <nxmem/conform/checks_boundary.hpp>
+#include <nxmem/conform/checks_callbacks.hpp>
 #include <nxmem/conform/checks_capabilities.hpp>
 #include <nxmem/conform/checks_concurrency.hpp>
 #include <nxmem/conform/checks_exports.hpp>
@@ -142,6 +143,16 @@ inline constexpr std::array all_checks{
         requirement::opened, &run_for_device<check_boundary_null_status>},
     check_definition{"boundary.output_within_size", "outputs of the smallest struct_size are written only within it", "Requests and outputs",
         requirement::opened, &run_for_device<check_boundary_output_within_size>},
+    check_definition{"negotiation.invalid_ranges", "inverted and empty host ranges are refused as invalid", "Versions",
+        requirement::exports, &check_negotiation_invalid_ranges::run},
+    check_definition{"callbacks.retain_release", "each retain keeps the allocator through one more release", "Slots",
+        requirement::allocation, &check_callbacks_retain_release::run},
+    check_definition{"misuse.queued_release", "a queued allocation is no longer released directly", "Deferred release",
+        requirement::allocation, &check_misuse_queued_release::run},
+    check_definition{"callbacks.completion_reentry", "release_completed may re-enter the plugin, from any thread", "Threads and re-entrancy",
+        requirement::allocation, &check_callbacks_completion_reentry::run},
+    check_definition{"callbacks.reclaim_pressure", "request_reclaim under a real budget: re-entered, honoured, refused", "Host callbacks",
+        requirement::allocation, &check_callbacks_reclaim_pressure::run},
 };
 // clang-format on
 
@@ -234,7 +245,7 @@ inline std::vector<check_result> run_mechanism_checks(const std::filesystem::pat
                                                       const suite_options& options = {},
                                                       const suite_hooks& hooks = {}) {
     const subject target{path, std::string(mechanism),
-                         device ? *device : default_device(path, mechanism)};
+                         device ? *device : default_device(path, mechanism), options.mechanism_options};
     std::vector<check_result> results;
     std::optional<std::string> no_exports;
     std::optional<std::string> not_served;

@@ -110,6 +110,11 @@ private:
         table.abi_minor = level;
         table.type_tag = NXMEM_TYPE_TAG_ALLOCATOR;
         table.capabilities = capabilities_of<M>() & abi::capabilities_at_minor(level);
+        // D10: without release_completed no queued release could ever be reported retired, so a
+        // host that offers none gets no deferred release (flag clear, slots NULL).
+        if (!host_.offers_release_completed()) {
+            table.capabilities &= ~NXMEM_CAP_DEFERRED_RELEASE;
+        }
         table.mechanism_id = M::mechanism_id;
         table.device = device.to_wire();
         table.allocate = &slot_allocate;
@@ -125,8 +130,10 @@ private:
             table.shared_mapping = &shared_mapping;
         }
         if constexpr (offers_deferred_release<M>) {
-            table.enqueue_release = &slot_enqueue_release;
-            table.drain_releases = &slot_drain_releases;
+            if ((table.capabilities & NXMEM_CAP_DEFERRED_RELEASE) != 0) {
+                table.enqueue_release = &slot_enqueue_release;
+                table.drain_releases = &slot_drain_releases;
+            }
         }
         if constexpr (offers_structured_release<M>) {
             if (level >= 1) {
@@ -240,16 +247,17 @@ private:
             if (const auto problem = abi::copy_request(raw, request); problem != abi::wire_problem::none) {
                 return detail::report_request_problem(status, raw, problem);
             }
+            // M10: the records' form first (an unusable output is refused before anything is made,
+            // so nothing can leak), then identity, then the request's values.
+            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+                return detail::report_output_problem(status, out, problem);
+            }
             if (!object.owns(request.mechanism_id, request.device)) [[unlikely]] {
                 return object.report_identity(status, request.mechanism_id, request.device);
             }
             if (request.flags != 0 || request.size == 0 || !detail::is_power_of_two(request.alignment))
                 [[unlikely]] {
                 return detail::report_failure(status, malformed_allocation(request));
-            }
-            // Refuse an unusable output before allocating, so nothing can leak.
-            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
-                return detail::report_output_problem(status, out, problem);
             }
             result<block> memory = object.mechanism_->allocate(request.size, request.alignment);
             if (!memory) [[unlikely]] {
@@ -353,13 +361,13 @@ private:
             if (const auto problem = abi::copy_request(raw, described); problem != abi::wire_problem::none) {
                 return detail::report_request_problem(status, raw, problem);
             }
-            if (!object.owns(described.mechanism_id, described.device)) [[unlikely]] {
-                return object.report_identity(status, described.mechanism_id, described.device);
-            }
-            // An unusable output is refused before anything is released; a usable one says
-            // FAILED until the release has happened.
+            // M10: the output's form before identity. An unusable output is refused before anything
+            // is released; a usable one says FAILED until the release has happened.
             if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
                 return detail::report_output_problem(status, out, problem);
+            }
+            if (!object.owns(described.mechanism_id, described.device)) [[unlikely]] {
+                return object.report_identity(status, described.mechanism_id, described.device);
             }
             NxmemReleaseOutcome written;
             written.struct_size = sizeof written;

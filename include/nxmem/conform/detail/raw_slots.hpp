@@ -33,6 +33,10 @@ public:
         : self_(allocator.raw_table()), table_(allocator.checked_table()),
           mechanism_id_(allocator.mechanism_id()), device_(allocator.device()) {}
 
+    // An allocator the suite opened itself (detail::callback_allocator): `table` is its read_prefix copy.
+    raw_slots(NxmemAllocatorVtable* self, const NxmemAllocatorVtable& table, device_id device)
+        : self_(self), table_(table), mechanism_id_(table.mechanism_id), device_(device) {}
+
     // A well-formed request for this allocator, with a fresh suite-assigned allocation id.
     NxmemAllocRequest request(std::uint64_t size, std::uint64_t alignment) const {
         auto made = abi::make_struct<NxmemAllocRequest>();
@@ -93,6 +97,23 @@ public:
         NxmemStatus status = abi::make_status();
         slot_reply reply;
         reply.code = table_.release_allocation(self_, &described, &outcome, &status);
+        reply.message = abi::read_status_message(status);
+        return reply;
+    }
+
+    // enqueue_release and drain_releases; the caller checks that the slots are there.
+    slot_reply enqueue_release(const NxmemAllocation& described, std::uint64_t ticket) const {
+        NxmemStatus status = abi::make_status();
+        slot_reply reply;
+        reply.code = table_.enqueue_release(self_, &described, ticket, &status);
+        reply.message = abi::read_status_message(status);
+        return reply;
+    }
+    slot_reply drain_releases(std::uint64_t& retired) const {
+        NxmemStatus status = abi::make_status();
+        slot_reply reply;
+        retired = 0;
+        reply.code = table_.drain_releases(self_, &retired, &status);
         reply.message = abi::read_status_message(status);
         return reply;
     }
