@@ -28,16 +28,7 @@ std::string leaky_factories_path() { return test::plugin_path("NXMEM_LEAKY_FACTO
 using test::failed_ids;
 using test::failures_of;
 
-const conform::check_result& result_of(const std::vector<conform::check_result>& results,
-                                       std::string_view id) {
-    for (const conform::check_result& result : results) {
-        if (result.id == id) {
-            return result;
-        }
-    }
-    FAIL("no result for " << id);
-    return results.front();
-}
+using test::result_of;
 
 } // namespace
 

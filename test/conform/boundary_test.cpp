@@ -35,16 +35,7 @@ std::vector<conform::check_result> check_all(const std::string& path) {
 
 using test::failed_ids;
 
-const conform::check_result& result_of(const std::vector<conform::check_result>& results,
-                                       const std::string& id) {
-    for (const conform::check_result& result : results) {
-        if (result.id == id) {
-            return result;
-        }
-    }
-    FAIL("no result for " << id);
-    throw std::logic_error("unreachable");
-}
+using test::result_of;
 
 } // namespace
 

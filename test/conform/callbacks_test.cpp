@@ -33,16 +33,7 @@ std::string broken_callbacks_path() { return test::plugin_path("NXMEM_BROKEN_CAL
 using test::failed_ids;
 using test::failures_of;
 
-const conform::check_result& result_of(const std::vector<conform::check_result>& results,
-                                       const std::string& id) {
-    for (const conform::check_result& result : results) {
-        if (result.id == id) {
-            return result;
-        }
-    }
-    FAIL("no result for " << id);
-    throw std::logic_error("unreachable");
-}
+using test::result_of;
 
 // Short waits: a conforming plugin returns from a re-entering call in microseconds.
 conform::suite_options quick_options() {
