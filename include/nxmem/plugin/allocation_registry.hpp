@@ -33,24 +33,34 @@ public:
     static constexpr std::uint64_t max_size = (std::uint64_t{1} << 57) - 1;
 
     packed_record() = default;
-    // The allocation at `record.address`; a size above max_size is marked oversized (its
-    // record is in the side table).
-    explicit packed_record(const allocation_record& record) noexcept
-        : allocation_id_(record.allocation_id),
-          shape_(record.size > max_size
+    // An allocation of `size` bytes aligned to `alignment` (a power of two); a size above
+    // max_size is marked oversized (its record is in the side table).
+    packed_record(std::uint64_t size, std::uint64_t alignment, std::uint64_t allocation_id) noexcept
+        : allocation_id_(allocation_id),
+          shape_(size > max_size
                      ? 0
-                     : record.size | static_cast<std::uint64_t>(std::countr_zero(record.alignment))
-                                         << alignment_shift) {}
+                     : size | static_cast<std::uint64_t>(std::countr_zero(alignment)) << alignment_shift) {}
+    explicit packed_record(const allocation_record& record) noexcept
+        : packed_record(record.size, record.alignment, record.allocation_id) {}
 
     bool oversized() const noexcept { return shape_ == 0; } // size 0 is never recorded
     bool maps_prefixes() const noexcept { return (shape_ & prefixes_bit) != 0; }
     void mark_maps_prefixes() noexcept { shape_ |= prefixes_bit; }
     std::uint64_t allocation_id() const noexcept { return allocation_id_; }
+    std::uint64_t size() const noexcept { return shape_ & max_size; }
+    std::uint64_t alignment() const noexcept {
+        return std::uint64_t{1} << ((shape_ >> alignment_shift) & 63u);
+    }
+
+    // Whether the host's description names this (not oversized) record exactly: compares the
+    // packed words, with nothing unpacked into an allocation_record.
+    bool described_by(const NxmemAllocation& described) const noexcept {
+        return allocation_id_ == described.allocation_id && size() == described.size &&
+               alignment() == described.alignment;
+    }
 
     allocation_record unpack(std::uint64_t address) const {
-        return allocation_record{address, shape_ & max_size,
-                                 std::uint64_t{1} << ((shape_ >> alignment_shift) & 63u),
-                                 allocation_id_, {}};
+        return allocation_record{address, size(), alignment(), allocation_id_, {}};
     }
 
 private:
@@ -63,33 +73,57 @@ static_assert(sizeof(packed_record) == 16);
 
 } // namespace detail
 
+// Why the registry refused a description: what the failure's text names, copied out under the
+// shard's lock so the text is built (by allocation_registry::describe) after it is released.
+struct registry_refusal {
+    bool live = false; // an allocation is live at the address, described otherwise
+    std::uint64_t allocation_id = 0;
+    std::uint64_t size = 0;
+    std::uint64_t alignment = 0;
+};
+
 class allocation_registry {
     using packed_record = detail::packed_record;
 
-
-    // Accepts the record only if it exists and matches the host's description.
-    static result<void> check(const NxmemAllocation& described, const allocation_record* record) {
-        if (record == nullptr) [[unlikely]] {
-            return fail(status_code::unknown_allocation,
-                        "no live allocation at 0x" + nxmem::detail::to_hex(described.address));
-        }
-        if (record->allocation_id != described.allocation_id || record->size != described.size ||
-            record->alignment != described.alignment) [[unlikely]] {
-            return fail(status_code::invalid_argument,
-                        "misdescribed allocation at 0x" + nxmem::detail::to_hex(described.address) +
-                            ": id " + std::to_string(described.allocation_id) + ", size " +
-                            std::to_string(described.size) + ", alignment " +
-                            std::to_string(described.alignment) + " but the live one is id " +
-                            std::to_string(record->allocation_id) + ", size " +
-                            std::to_string(record->size) + ", alignment " +
-                            std::to_string(record->alignment));
-        }
-        return boost::outcome_v2::success();
-    }
+    // What a table lookup's `match` returns: a verdict without text, so accepting costs a compare
+    // and refusing builds nothing under the lock (the refusal is described afterwards).
+    struct verdict {
+        bool accepted = false;
+        bool has_value() const noexcept { return accepted; }
+        nxmem::error error() const noexcept { return {}; }
+    };
 
 public:
     // The bytes one allocation takes in its slot, address included.
     static constexpr std::size_t slot_bytes = nxmem::detail::sharded_table<packed_record>::slot_bytes;
+
+    // The error a refused description gets: UNKNOWN_ALLOCATION for an address with no live
+    // allocation, INVALID_ARGUMENT naming both sides for a misdescribed one.
+    [[gnu::cold]] static error describe(const NxmemAllocation& described, const registry_refusal& why) {
+        if (!why.live) {
+            return {status_code::unknown_allocation,
+                    "no live allocation at 0x" + nxmem::detail::to_hex(described.address)};
+        }
+        return {status_code::invalid_argument,
+                "misdescribed allocation at 0x" + nxmem::detail::to_hex(described.address) +
+                    ": id " + std::to_string(described.allocation_id) + ", size " +
+                    std::to_string(described.size) + ", alignment " +
+                    std::to_string(described.alignment) + " but the live one is id " +
+                    std::to_string(why.allocation_id) + ", size " + std::to_string(why.size) +
+                    ", alignment " + std::to_string(why.alignment)};
+    }
+
+    // Records an allocation that maps no prefixes (what allocate makes). Throws std::bad_alloc,
+    // changing nothing, when a table must grow and cannot.
+    void insert(std::uint64_t address, std::uint64_t size, std::uint64_t alignment,
+                std::uint64_t allocation_id) {
+        const packed_record packed(size, alignment, allocation_id);
+        if (packed.oversized()) [[unlikely]] {
+            insert(allocation_record{address, size, alignment, allocation_id, {}});
+            return;
+        }
+        records_.insert(address, packed);
+    }
 
     // Throws std::bad_alloc, changing nothing, when a table must grow and cannot.
     void insert(const allocation_record& record) {
@@ -120,33 +154,52 @@ public:
         }
     }
 
-    // Removes and returns the record the host described, with the prefixes mapped into it;
-    // refuses an unknown address and a description that does not match, leaving the record in
-    // place.
+    // Removes the record the host described and fills `taken` with it, with the prefixes mapped
+    // into it; refuses an unknown address and a description that does not match, leaving the
+    // record in place, and says why in `why`. One probe under the shard's lock; no text, no
+    // allocation on success.
+    bool take(const NxmemAllocation& described, allocation_record& taken, registry_refusal& why) {
+        result<packed_record> removed = records_.take(
+            described.address, [&](const packed_record* found) { return judge(described, found, why); });
+        if (!removed.has_value()) [[unlikely]] {
+            return false;
+        }
+        fill(described, taken);
+        const packed_record& packed = removed.assume_value();
+        if (packed.oversized() || packed.maps_prefixes()) [[unlikely]] {
+            drop_side_entries(described.address, taken);
+        }
+        return true;
+    }
+
+    // Fills `found` with a copy of the record the host described, without its prefixes; refuses
+    // as take does.
+    bool find(const NxmemAllocation& described, allocation_record& found, registry_refusal& why) {
+        const bool accepted = records_.find(described.address, [&](const packed_record* record) {
+            return judge(described, record, why);
+        }).has_value();
+        if (!accepted) [[unlikely]] {
+            return false;
+        }
+        fill(described, found);
+        return true;
+    }
+
+    // The same as results, the refusal described.
     result<allocation_record> take(const NxmemAllocation& described) {
         allocation_record taken;
-        NXMEM_TRY(packed, records_.take(described.address, [&](const packed_record* found) {
-            return check_packed(described, found, taken);
-        }));
-        if (packed.oversized() || packed.maps_prefixes()) {
-            std::lock_guard lock(side_mutex_);
-            if (packed.oversized()) {
-                oversized_.erase(described.address);
-            }
-            if (auto mapped = prefixes_.find(described.address); mapped != prefixes_.end()) {
-                taken.prefixes = std::move(mapped->second); // moved, not copied: no allocation
-                prefixes_.erase(mapped);
-            }
+        registry_refusal why;
+        if (!take(described, taken, why)) {
+            return boost::outcome_v2::failure(describe(described, why));
         }
         return taken;
     }
-
-    // A copy of the record the host described, without its prefixes.
     result<allocation_record> find(const NxmemAllocation& described) {
         allocation_record found;
-        NXMEM_TRY_VOID(records_.find(described.address, [&](const packed_record* record) {
-            return check_packed(described, record, found);
-        }));
+        registry_refusal why;
+        if (!find(described, found, why)) {
+            return boost::outcome_v2::failure(describe(described, why));
+        }
         return found;
     }
 
@@ -197,21 +250,56 @@ public:
     }
 
 private:
-    // Unpacks a found record into `out` (the oversized one from the side table) and checks it.
-    result<void> check_packed(const NxmemAllocation& described, const packed_record* found,
-                              allocation_record& out) {
-        if (found == nullptr) [[unlikely]] {
-            return check(described, nullptr);
+    // Accepts a record that the description names exactly; the common case compares the packed
+    // words inline, everything else (none there, oversized, a mismatch) goes out of line.
+    verdict judge(const NxmemAllocation& described, const packed_record* found, registry_refusal& why) {
+        if (found != nullptr && !found->oversized() && found->described_by(described)) [[likely]] {
+            return {true};
         }
-        if (found->oversized()) [[unlikely]] {
-            std::lock_guard lock(side_mutex_);
+        return judge_otherwise(described, found, why);
+    }
+    [[gnu::cold]] [[gnu::noinline]] verdict judge_otherwise(const NxmemAllocation& described,
+                                                          const packed_record* found,
+                                                          registry_refusal& why) {
+        if (found == nullptr) {
+            why.live = false;
+            return {false};
+        }
+        why.live = true;
+        if (found->oversized()) {
+            std::lock_guard lock(side_mutex_); // lock order: shard, then side table
             const allocation_record& whole = oversized_.at(described.address);
-            out = allocation_record{whole.address, whole.size, whole.alignment,
-                                    whole.allocation_id, {}};
-        } else {
-            out = found->unpack(described.address);
+            if (whole.allocation_id == described.allocation_id && whole.size == described.size &&
+                whole.alignment == described.alignment) {
+                return {true};
+            }
+            why.allocation_id = whole.allocation_id;
+            why.size = whole.size;
+            why.alignment = whole.alignment;
+            return {false};
         }
-        return check(described, &out);
+        why.allocation_id = found->allocation_id();
+        why.size = found->size();
+        why.alignment = found->alignment();
+        return {false};
+    }
+
+    // An accepted description is the record: its values are the record's.
+    static void fill(const NxmemAllocation& described, allocation_record& out) noexcept {
+        out.address = described.address;
+        out.size = described.size;
+        out.alignment = described.alignment;
+        out.allocation_id = described.allocation_id;
+    }
+
+    // Drops a taken record's side entries, moving its prefixes into `taken`.
+    [[gnu::cold]] [[gnu::noinline]] void drop_side_entries(std::uint64_t address, allocation_record& taken) {
+        std::lock_guard lock(side_mutex_);
+        oversized_.erase(address);
+        if (auto mapped = prefixes_.find(address); mapped != prefixes_.end()) {
+            taken.prefixes = std::move(mapped->second); // moved, not copied: no allocation
+            prefixes_.erase(mapped);
+        }
     }
 
     nxmem::detail::sharded_table<packed_record> records_;

@@ -263,10 +263,10 @@ private:
             if (!memory) [[unlikely]] {
                 return detail::report_failure(status, memory.error());
             }
-            const block& made = memory.value();
+            const block& made = memory.assume_value();
             try {
-                object.registry_.insert(
-                    {made.address, request.size, request.alignment, request.allocation_id, {}});
+                object.registry_.insert(made.address, request.size, request.alignment,
+                                        request.allocation_id);
             } catch (...) {
                 // Unrecorded, it could never be released: hand it back before reporting.
                 (void)object.release_to_mechanism(
@@ -310,13 +310,16 @@ private:
             failed = report_identity(status, described.mechanism_id, described.device);
             return false;
         }
-        result<allocation_record> taken = registry_.take(described);
-        if (!taken) [[unlikely]] {
-            failed = detail::report_failure(status, taken.error());
+        if (registry_refusal why; !registry_.take(described, record, why)) [[unlikely]] {
+            failed = report_refusal(status, described, why);
             return false;
         }
-        record = std::move(taken).value();
         return true;
+    }
+    [[gnu::cold]] static NxmemStatusCode report_refusal(NxmemStatus* status,
+                                                        const NxmemAllocation& described,
+                                                        const registry_refusal& why) {
+        return detail::report(status, allocation_registry::describe(described, why));
     }
 
     static NxmemStatusCode slot_deallocate(NxmemAllocatorVtable* table, const NxmemAllocation* raw,
@@ -375,21 +378,22 @@ private:
             written.unmapped_bytes = 0;
             written.residual_owned_bytes = 0;
             abi::store_output(out, written);
-            result<allocation_record> taken = object.registry_.take(described);
-            if (!taken) [[unlikely]] {
-                return detail::report_failure(status, taken.error());
+            allocation_record record;
+            if (registry_refusal why; !object.registry_.take(described, record, why)) [[unlikely]] {
+                return report_refusal(status, described, why);
             }
-            const allocation_record& record = taken.value();
             result<release_outcome> released = object.mechanism_->release_allocation(record);
-            if (!released || released.value().state == NXMEM_RELEASE_FAILED) [[unlikely]] {
+            if (!released.has_value() || released.assume_value().state == NXMEM_RELEASE_FAILED)
+                [[unlikely]] {
                 object.registry_.insert(record); // FAILED: the allocation is as live as before
                 return detail::report_failure(status, released ? failed_release().error()
                                                                : released.error());
             }
             object.forget(record);
-            written.state = released.value().state;
-            written.unmapped_bytes = released.value().unmapped_bytes;
-            written.residual_owned_bytes = released.value().residual_owned_bytes;
+            const release_outcome& outcome = released.assume_value();
+            written.state = outcome.state;
+            written.unmapped_bytes = outcome.unmapped_bytes;
+            written.residual_owned_bytes = outcome.residual_owned_bytes;
             abi::store_output(out, written);
             return NXMEM_STATUS_OK;
         });
