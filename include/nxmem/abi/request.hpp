@@ -24,23 +24,16 @@ enum class wire_problem : std::uint8_t {
     unknown_nonzero, // a byte beyond what this receiver knows is not zero (requests only)
 };
 
-// Copies the request at `untrusted` into `copy` (zero-filled beyond a shorter sender's size);
-// on any problem `copy` is left as it was. Never allocates.
-template <class T> wire_problem copy_request(const T* untrusted, T& copy) noexcept {
-    if (untrusted == nullptr) {
-        return wire_problem::null_pointer;
-    }
-    std::uint32_t size = 0;
-    std::memcpy(&size, untrusted, sizeof size);
+namespace detail {
+// copy_request for a sender whose struct_size differs from this header's: checked against the
+// baseline and the cap, unknown bytes must be zero. Out of line: the common case never runs it.
+template <class T>
+[[gnu::noinline]] wire_problem copy_resized_request(const T* untrusted, std::uint32_t size, T& copy) noexcept {
     if (size < baseline_bytes<T>()) {
         return wire_problem::below_baseline;
     }
     if (size > NXMEM_MAX_STRUCT_SIZE) {
         return wire_problem::above_cap;
-    }
-    if (size == sizeof(T)) { // the common case: sender and receiver share this header
-        std::memcpy(&copy, untrusted, sizeof(T));
-        return wire_problem::none;
     }
     const auto* bytes = reinterpret_cast<const unsigned char*>(untrusted);
     for (std::size_t at = sizeof(T); at < size; ++at) {
@@ -51,6 +44,24 @@ template <class T> wire_problem copy_request(const T* untrusted, T& copy) noexce
     copy = T{};
     std::memcpy(&copy, untrusted, std::min<std::size_t>(size, sizeof(T)));
     return wire_problem::none;
+}
+} // namespace detail
+
+// Copies the request at `untrusted` into `copy` (zero-filled beyond a shorter sender's size);
+// on any problem `copy` is left as it was. Never allocates.
+template <class T> wire_problem copy_request(const T* untrusted, T& copy) noexcept {
+    static_assert(sizeof(T) >= baseline_bytes<T>() && sizeof(T) <= NXMEM_MAX_STRUCT_SIZE);
+    if (untrusted == nullptr) {
+        return wire_problem::null_pointer;
+    }
+    std::uint32_t size = 0;
+    std::memcpy(&size, untrusted, sizeof size);
+    // The common case, sender and receiver sharing this header: inline, one fixed-size copy.
+    if (size == sizeof(T)) [[likely]] {
+        std::memcpy(&copy, untrusted, sizeof(T));
+        return wire_problem::none;
+    }
+    return detail::copy_resized_request(untrusted, size, copy);
 }
 
 // The INVALID_ARGUMENT that names `problem` of the request at `untrusted`; built only on failure.
