@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <latch>
 #include <memory>
@@ -80,6 +82,29 @@ TEST_CASE("threads beyond those that own a cell share the last one and lose noth
     });
     CHECK(tally.sum(0) == threads * 1000);
     CHECK(nxmem::plugin::detail::this_thread_tally_cell() < nxmem::plugin::detail::tally_cells);
+}
+
+TEST_CASE("threads alive together never own the same cell, and keep theirs", "[kit][tally]") {
+    // The cell comes from the thread pointer, not a thread_local: check what that must still
+    // give, a cell of its own to each live thread that does not share the last one.
+    constexpr int threads = 40;
+    std::vector<std::size_t> first(threads), again(threads);
+    std::latch all_chose(threads);
+    on_threads(threads, [&](int index) {
+        first[static_cast<std::size_t>(index)] = nxmem::plugin::detail::this_thread_tally_cell();
+        all_chose.arrive_and_wait(); // every thread is alive while the others choose
+        again[static_cast<std::size_t>(index)] = nxmem::plugin::detail::this_thread_tally_cell();
+    });
+    CHECK(first == again);
+    std::vector<std::size_t> owned;
+    for (std::size_t cell : first) {
+        REQUIRE(cell < nxmem::plugin::detail::tally_cells);
+        if (cell != nxmem::plugin::detail::shared_tally_cell) {
+            owned.push_back(cell);
+        }
+    }
+    std::sort(owned.begin(), owned.end());
+    CHECK(std::adjacent_find(owned.begin(), owned.end()) == owned.end());
 }
 
 TEST_CASE("the module's report sums every allocator's counts, from any thread",

@@ -1,9 +1,9 @@
 // Counts that every call changes and few read: one cache-line cell per thread, summed when asked.
 // A call writes only its own thread's cell, with a plain load and store (no locked instruction,
-// no cache line shared with other threads); a reader sums every cell.
+// no cache line shared with other threads); a reader sums every cell. Finding the cell takes no
+// thread_local (see this_thread_identity).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -14,20 +14,71 @@ namespace nxmem::plugin {
 namespace detail {
 
 inline constexpr std::size_t tally_cells = 64;
-// The first tally_cells - 1 threads of a module that count own a cell each; later threads share
-// the last one, which they change with atomic read-modify-writes.
+// The first threads of a module that count own a cell each (up to tally_cells - 1 of them); a
+// thread that finds no free cell near its home uses the last one, which its users change with
+// atomic read-modify-writes.
 inline constexpr std::size_t shared_tally_cell = tally_cells - 1;
+// How far from its home cell a thread looks for one to own.
+inline constexpr std::size_t tally_probe_limit = 8;
 
-// This thread's cell, the same in every tally of this module. The thread_local is trivially
-// destructible on purpose: one with a destructor registers it with glibc, which then keeps the
-// module mapped until the thread exits, and a plugin must really unload.
-inline std::size_t this_thread_tally_cell() noexcept {
-    static std::atomic<std::size_t> next_cell{0};
-    static thread_local std::size_t cell = tally_cells;
-    if (cell == tally_cells) [[unlikely]] {
-        cell = std::min(next_cell.fetch_add(1, std::memory_order_relaxed), shared_tally_cell);
+// Names the calling thread, without a thread_local: a dlopen'ed module reaches its own
+// thread_locals through __tls_get_addr (a call, on every count), and an initial-exec one would
+// take static TLS space that a reloaded module may not get back. The thread pointer is unique
+// among live threads; a new thread may get a dead one's, and with it the dead thread's cell,
+// which no one else then writes.
+inline std::uintptr_t this_thread_identity() noexcept {
+#if defined(__x86_64__) && defined(__linux__)
+    std::uintptr_t self = 0;
+    asm("mov %%fs:0, %0" : "=r"(self)); // glibc's and musl's TCB start with a pointer to itself
+    return self;
+#elif defined(__aarch64__)
+    return reinterpret_cast<std::uintptr_t>(__builtin_thread_pointer());
+#else
+    static thread_local const char marker = 0; // trivially destructible: the module still unloads
+    return reinterpret_cast<std::uintptr_t>(&marker);
+#endif
+}
+
+// Which thread owns each cell of this module's tallies (0: none yet). Written once per cell, when
+// a thread first counts; read by every count, which writes nothing here.
+inline std::array<std::atomic<std::uintptr_t>, shared_tally_cell>& tally_cell_owners() noexcept {
+    static std::array<std::atomic<std::uintptr_t>, shared_tally_cell> owners{};
+    return owners;
+}
+
+inline std::size_t tally_home(std::uintptr_t thread) noexcept {
+    __extension__ using wide = unsigned __int128; // for the multiply-shift range reduction
+    const std::uint64_t mixed = static_cast<std::uint64_t>(thread) * 0x9E3779B97F4A7C15ull;
+    return static_cast<std::size_t>((static_cast<wide>(mixed) * shared_tally_cell) >> 64);
+}
+
+// A thread not in its home cell: finds the cell it owns near home or claims a free one, else
+// shares the last one.
+[[gnu::noinline]] inline std::size_t find_tally_cell(std::uintptr_t thread, std::size_t home) noexcept {
+    auto& owners = tally_cell_owners();
+    for (std::size_t probed = 0, at = home; probed < tally_probe_limit;
+         ++probed, at = at + 1 == shared_tally_cell ? 0 : at + 1) {
+        std::uintptr_t owner = owners[at].load(std::memory_order_relaxed);
+        if (owner == 0 &&
+            owners[at].compare_exchange_strong(owner, thread, std::memory_order_relaxed)) {
+            return at;
+        }
+        if (owner == thread) {
+            return at;
+        }
     }
-    return cell;
+    return shared_tally_cell;
+}
+
+// This thread's cell, the same in every tally of this module: a compare against the owner of
+// its home cell in the common case.
+inline std::size_t this_thread_tally_cell() noexcept {
+    const std::uintptr_t thread = this_thread_identity();
+    const std::size_t home = tally_home(thread);
+    if (tally_cell_owners()[home].load(std::memory_order_relaxed) == thread) [[likely]] {
+        return home;
+    }
+    return find_tally_cell(thread, home);
 }
 
 } // namespace detail
