@@ -239,50 +239,51 @@ private:
 
     // ---- allocator slots ----
 
+    // The hot slots guard a member function called with the slot's own arguments: a lambda that
+    // captured them by reference would be built on the stack and called on every call.
     static NxmemStatusCode slot_allocate(NxmemAllocatorVtable* table, const NxmemAllocRequest* raw,
                                          NxmemAllocResult* out, NxmemStatus* status) noexcept {
-        return guard_status(status, [&]() -> NxmemStatusCode {
-            allocator_object& object = self(table);
-            NxmemAllocRequest request;
-            if (const auto problem = abi::copy_request(raw, request); problem != abi::wire_problem::none) {
-                return detail::report_request_problem(status, raw, problem);
-            }
-            // M10: the records' form first (an unusable output is refused before anything is made,
-            // so nothing can leak), then identity, then the request's values.
-            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
-                return detail::report_output_problem(status, out, problem);
-            }
-            if (!object.owns(request.mechanism_id, request.device)) [[unlikely]] {
-                return object.report_identity(status, request.mechanism_id, request.device);
-            }
-            if (request.flags != 0 || request.size == 0 || !detail::is_power_of_two(request.alignment))
-                [[unlikely]] {
-                return detail::report_failure(status, malformed_allocation(request));
-            }
-            result<block> memory = object.mechanism_->allocate(request.size, request.alignment);
-            if (!memory) [[unlikely]] {
-                return detail::report_failure(status, memory.error());
-            }
-            const block& made = memory.assume_value();
-            try {
-                object.registry_.insert(made.address, request.size, request.alignment,
-                                        request.allocation_id);
-            } catch (...) {
-                // Unrecorded, it could never be released: hand it back before reporting.
-                (void)object.release_to_mechanism(
-                    {made.address, request.size, request.alignment, request.allocation_id, {}});
-                throw;
-            }
-            object.counts_.add(allocator_counts::allocations, 1);
-            NxmemAllocResult written;
-            written.struct_size = sizeof written;
-            written.reserved = 0;
-            written.address = made.address;
-            written.size = made.size;
-            written.mapped_bytes = made.mapped_bytes;
-            abi::store_output(out, written);
-            return NXMEM_STATUS_OK;
-        });
+        return guard_status(status, [=] { return self(table).allocate(raw, out, status); });
+    }
+    NxmemStatusCode allocate(const NxmemAllocRequest* raw, NxmemAllocResult* out, NxmemStatus* status) {
+        NxmemAllocRequest request;
+        if (const auto problem = abi::copy_request(raw, request); problem != abi::wire_problem::none) {
+            return detail::report_request_problem(status, raw, problem);
+        }
+        // M10: the records' form first (an unusable output is refused before anything is made,
+        // so nothing can leak), then identity, then the request's values.
+        if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+            return detail::report_output_problem(status, out, problem);
+        }
+        if (!owns(request.mechanism_id, request.device)) [[unlikely]] {
+            return report_identity(status, request.mechanism_id, request.device);
+        }
+        if (request.flags != 0 || request.size == 0 || !detail::is_power_of_two(request.alignment))
+            [[unlikely]] {
+            return detail::report_failure(status, malformed_allocation(request));
+        }
+        result<block> memory = mechanism_->allocate(request.size, request.alignment);
+        if (!memory) [[unlikely]] {
+            return detail::report_failure(status, memory.error());
+        }
+        const block& made = memory.assume_value();
+        try {
+            registry_.insert(made.address, request.size, request.alignment, request.allocation_id);
+        } catch (...) {
+            // Unrecorded, it could never be released: hand it back before reporting.
+            (void)release_to_mechanism(
+                {made.address, request.size, request.alignment, request.allocation_id, {}});
+            throw;
+        }
+        counts_.add(allocator_counts::allocations, 1);
+        NxmemAllocResult written;
+        written.struct_size = sizeof written;
+        written.reserved = 0;
+        written.address = made.address;
+        written.size = made.size;
+        written.mapped_bytes = made.mapped_bytes;
+        abi::store_output(out, written);
+        return NXMEM_STATUS_OK;
     }
 
     [[gnu::cold]] static error malformed_allocation(const NxmemAllocRequest& request) {
@@ -324,21 +325,21 @@ private:
 
     static NxmemStatusCode slot_deallocate(NxmemAllocatorVtable* table, const NxmemAllocation* raw,
                                            NxmemStatus* status) noexcept {
-        return guard_status(status, [&]() -> NxmemStatusCode {
-            allocator_object& object = self(table);
-            allocation_record record;
-            NxmemStatusCode failed = NXMEM_STATUS_OK;
-            if (!object.take_described(raw, record, status, failed)) {
-                return failed;
-            }
-            result<void> released = object.release_to_mechanism(record);
-            if (!released) [[unlikely]] {
-                object.registry_.insert(record); // nothing changed: still live
-                return detail::report_failure(status, released.error());
-            }
-            object.forget(record);
-            return NXMEM_STATUS_OK;
-        });
+        return guard_status(status, [=] { return self(table).deallocate(raw, status); });
+    }
+    NxmemStatusCode deallocate(const NxmemAllocation* raw, NxmemStatus* status) {
+        allocation_record record;
+        NxmemStatusCode failed = NXMEM_STATUS_OK;
+        if (!take_described(raw, record, status, failed)) {
+            return failed;
+        }
+        result<void> released = release_to_mechanism(record);
+        if (!released) [[unlikely]] {
+            registry_.insert(record); // nothing changed: still live
+            return detail::report_failure(status, released.error());
+        }
+        forget(record);
+        return NXMEM_STATUS_OK;
     }
 
     static void slot_retain(NxmemAllocatorVtable* table) noexcept {
@@ -358,45 +359,46 @@ private:
                                                    const NxmemAllocation* raw,
                                                    NxmemReleaseOutcome* out,
                                                    NxmemStatus* status) noexcept {
-        return guard_status(status, [&]() -> NxmemStatusCode {
-            allocator_object& object = self(table);
-            NxmemAllocation described;
-            if (const auto problem = abi::copy_request(raw, described); problem != abi::wire_problem::none) {
-                return detail::report_request_problem(status, raw, problem);
-            }
-            // M10: the output's form before identity. An unusable output is refused before anything
-            // is released; a usable one says FAILED until the release has happened.
-            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
-                return detail::report_output_problem(status, out, problem);
-            }
-            if (!object.owns(described.mechanism_id, described.device)) [[unlikely]] {
-                return object.report_identity(status, described.mechanism_id, described.device);
-            }
-            NxmemReleaseOutcome written;
-            written.struct_size = sizeof written;
-            written.state = NXMEM_RELEASE_FAILED;
-            written.unmapped_bytes = 0;
-            written.residual_owned_bytes = 0;
-            abi::store_output(out, written);
-            allocation_record record;
-            if (registry_refusal why; !object.registry_.take(described, record, why)) [[unlikely]] {
-                return report_refusal(status, described, why);
-            }
-            result<release_outcome> released = object.mechanism_->release_allocation(record);
-            if (!released.has_value() || released.assume_value().state == NXMEM_RELEASE_FAILED)
-                [[unlikely]] {
-                object.registry_.insert(record); // FAILED: the allocation is as live as before
-                return detail::report_failure(status, released ? failed_release().error()
-                                                               : released.error());
-            }
-            object.forget(record);
-            const release_outcome& outcome = released.assume_value();
-            written.state = outcome.state;
-            written.unmapped_bytes = outcome.unmapped_bytes;
-            written.residual_owned_bytes = outcome.residual_owned_bytes;
-            abi::store_output(out, written);
-            return NXMEM_STATUS_OK;
-        });
+        return guard_status(status, [=] { return self(table).release_allocation(raw, out, status); });
+    }
+    NxmemStatusCode release_allocation(const NxmemAllocation* raw, NxmemReleaseOutcome* out,
+                                       NxmemStatus* status) {
+        NxmemAllocation described;
+        if (const auto problem = abi::copy_request(raw, described); problem != abi::wire_problem::none) {
+            return detail::report_request_problem(status, raw, problem);
+        }
+        // M10: the output's form before identity. An unusable output is refused before anything
+        // is released; a usable one says FAILED until the release has happened.
+        if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+            return detail::report_output_problem(status, out, problem);
+        }
+        if (!owns(described.mechanism_id, described.device)) [[unlikely]] {
+            return report_identity(status, described.mechanism_id, described.device);
+        }
+        NxmemReleaseOutcome written;
+        written.struct_size = sizeof written;
+        written.state = NXMEM_RELEASE_FAILED;
+        written.unmapped_bytes = 0;
+        written.residual_owned_bytes = 0;
+        abi::store_output(out, written);
+        allocation_record record;
+        if (registry_refusal why; !registry_.take(described, record, why)) [[unlikely]] {
+            return report_refusal(status, described, why);
+        }
+        result<release_outcome> released = mechanism_->release_allocation(record);
+        if (!released.has_value() || released.assume_value().state == NXMEM_RELEASE_FAILED)
+            [[unlikely]] {
+            registry_.insert(record); // FAILED: the allocation is as live as before
+            return detail::report_failure(status, released ? failed_release().error()
+                                                           : released.error());
+        }
+        forget(record);
+        const release_outcome& outcome = released.assume_value();
+        written.state = outcome.state;
+        written.unmapped_bytes = outcome.unmapped_bytes;
+        written.residual_owned_bytes = outcome.residual_owned_bytes;
+        abi::store_output(out, written);
+        return NXMEM_STATUS_OK;
     }
 
     // ---- deferred release ----
