@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -13,11 +14,12 @@ namespace nxmem::plugin {
 
 namespace detail {
 
-inline constexpr std::size_t tally_cells = 64;
-// The first threads of a module that count own a cell each (up to tally_cells - 1 of them); a
+// The first threads of a module that count own a cell each (up to owned_tally_cells of them); a
 // thread that finds no free cell near its home uses the last one, which its users change with
-// atomic read-modify-writes.
-inline constexpr std::size_t shared_tally_cell = tally_cells - 1;
+// atomic read-modify-writes. A power of two owned: a thread's home cell is a shift of its hash.
+inline constexpr std::size_t owned_tally_cells = 64;
+inline constexpr std::size_t tally_cells = owned_tally_cells + 1;
+inline constexpr std::size_t shared_tally_cell = owned_tally_cells;
 // How far from its home cell a thread looks for one to own.
 inline constexpr std::size_t tally_probe_limit = 8;
 
@@ -41,15 +43,17 @@ inline std::uintptr_t this_thread_identity() noexcept {
 
 // Which thread owns each cell of this module's tallies (0: none yet). Written once per cell, when
 // a thread first counts; read by every count, which writes nothing here.
-inline std::array<std::atomic<std::uintptr_t>, shared_tally_cell>& tally_cell_owners() noexcept {
-    static std::array<std::atomic<std::uintptr_t>, shared_tally_cell> owners{};
+inline std::array<std::atomic<std::uintptr_t>, owned_tally_cells>& tally_cell_owners() noexcept {
+    static std::array<std::atomic<std::uintptr_t>, owned_tally_cells> owners{};
     return owners;
 }
 
+// Fibonacci hashing: thread pointers differ in their high bits (one stack apart).
 inline std::size_t tally_home(std::uintptr_t thread) noexcept {
-    __extension__ using wide = unsigned __int128; // for the multiply-shift range reduction
-    const std::uint64_t mixed = static_cast<std::uint64_t>(thread) * 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>((static_cast<wide>(mixed) * shared_tally_cell) >> 64);
+    static_assert(std::has_single_bit(owned_tally_cells));
+    constexpr int home_bits = std::countr_zero(owned_tally_cells);
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(thread) * 0x9E3779B97F4A7C15ull) >>
+                                    (64 - home_bits));
 }
 
 // A thread not in its home cell: finds the cell it owns near home or claims a free one, else
@@ -57,7 +61,7 @@ inline std::size_t tally_home(std::uintptr_t thread) noexcept {
 [[gnu::noinline]] inline std::size_t find_tally_cell(std::uintptr_t thread, std::size_t home) noexcept {
     auto& owners = tally_cell_owners();
     for (std::size_t probed = 0, at = home; probed < tally_probe_limit;
-         ++probed, at = at + 1 == shared_tally_cell ? 0 : at + 1) {
+         ++probed, at = (at + 1) % owned_tally_cells) {
         std::uintptr_t owner = owners[at].load(std::memory_order_relaxed);
         if (owner == 0 &&
             owners[at].compare_exchange_strong(owner, thread, std::memory_order_relaxed)) {
