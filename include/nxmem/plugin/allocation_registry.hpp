@@ -156,7 +156,7 @@ public:
 
     // Removes the record the host described and fills `taken` with it, with the prefixes mapped
     // into it; refuses an unknown address and a description that does not match, leaving the
-    // record in place, and says why in `why`. One probe under the shard's lock; no text, no
+    // record in place, and says why in `why`. One hold of the shard's lock; no text, no
     // allocation on success.
     bool take(const NxmemAllocation& described, allocation_record& taken, registry_refusal& why) {
         result<packed_record> removed = records_.take(
