@@ -32,6 +32,7 @@
 #include "page_runs.hpp"
 #include "pages.hpp"
 #include "prefix_table.hpp"
+#include "retire_now.hpp"
 #include "settings.hpp"
 
 #include <nxmem/plugin.hpp>
@@ -134,8 +135,7 @@ public:
 
     // Deferred release retires at once: munmap does not wait for anything.
     result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
-        NXMEM_TRY(outcome, release_allocation(record));
-        return std::optional<plugin::release_outcome>{outcome};
+        return retired_now(release_allocation(record));
     }
 
     // ---- virtual backing ----
