@@ -99,6 +99,11 @@ private:
     // (asking the host to reclaim when short), a mapping, or the heap's refusal to explain.
     result<plugin::block> allocate_charged(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(cost, cost_of(size, alignment));
+        if (!budget_.limited()) { // nothing to charge: no reclaim to arrange around the call
+            NXMEM_TRY(address, is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment));
+            count(1, static_cast<std::int64_t>(cost));
+            return plugin::block{address, cost, cost};
+        }
         NXMEM_TRY(address, budget_.charged<std::uint64_t>(cost, [&] {
             return is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment);
         }));
