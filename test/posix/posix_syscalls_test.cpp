@@ -55,6 +55,17 @@ template <class Body> void count_calls(Body&& body) {
 
 bool counting() { return counts.counting.load(std::memory_order_relaxed); }
 
+// Runs `body(allocator, view)` on posix-lazy in a freshly loaded plugin, which must unload after.
+template <class Body> void with_lazy(Body&& body) {
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        auto backing = value_or_fail(lazy.virtual_backing());
+        body(lazy, backing);
+    }
+    REQUIRE(module->try_unload());
+}
+
 } // namespace
 
 extern "C" {
@@ -131,10 +142,7 @@ TEST_CASE("posix-eager maps and unmaps 2 MiB with one call each, as a raw mmap a
 TEST_CASE("posix-lazy makes one system call per step: reserve, commit, decommit, release",
           "[posix][syscalls][lazy]") {
     const std::uint64_t page = page_size();
-    auto module = load_or_fail(test::posix_plugin_path());
-    {
-        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
-        auto backing = value_or_fail(lazy.virtual_backing());
+    with_lazy([&](auto& lazy, auto& backing) {
         const std::uint64_t size = 2ull << 20;
         allocation<cpu_device> live{};
         count_calls([&] { live = value_or_fail(lazy.allocate(size, page)); });
@@ -160,17 +168,13 @@ TEST_CASE("posix-lazy makes one system call per step: reserve, commit, decommit,
         count_calls([&] { REQUIRE(lazy.release(live)); });
         CHECK(counts.munmap == 1);
         CHECK(counts.mmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
-    }
-    REQUIRE(module->try_unload());
+    });
 }
 
 TEST_CASE("posix-lazy commits and decommits a range over and over without a heap allocation",
           "[posix][syscalls][lazy]") {
     const std::uint64_t page = page_size();
-    auto module = load_or_fail(test::posix_plugin_path());
-    {
-        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
-        auto backing = value_or_fail(lazy.virtual_backing());
+    with_lazy([&](auto& lazy, auto& backing) {
         const std::uint64_t size = 2ull << 20;
         auto live = value_or_fail(lazy.allocate(size, page));
         const byte_range range{0, 16 * page};
@@ -190,8 +194,7 @@ TEST_CASE("posix-lazy commits and decommits a range over and over without a heap
         CHECK(counts.mmap_fixed == cycles);
         CHECK(counts.mmap + counts.munmap + counts.madvise == 0);
         REQUIRE(lazy.release(live));
-    }
-    REQUIRE(module->try_unload());
+    });
 }
 
 // Heap allocations are not asserted here: the plugin makes two per cycle (the reservation and its
@@ -199,10 +202,7 @@ TEST_CASE("posix-lazy commits and decommits a range over and over without a heap
 TEST_CASE("posix-lazy's allocate + commit + decommit + release, repeated, makes four system calls a cycle",
           "[posix][syscalls][lazy]") {
     const std::uint64_t page = page_size();
-    auto module = load_or_fail(test::posix_plugin_path());
-    {
-        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
-        auto backing = value_or_fail(lazy.virtual_backing());
+    with_lazy([&](auto& lazy, auto& backing) {
         const std::uint64_t size = 2ull << 20;
         const byte_range all{0, size};
         const auto cycle = [&] {
@@ -224,6 +224,5 @@ TEST_CASE("posix-lazy's allocate + commit + decommit + release, repeated, makes 
         CHECK(counts.mmap_fixed == cycles);
         CHECK(counts.munmap == cycles);
         CHECK(counts.madvise == 0);
-    }
-    REQUIRE(module->try_unload());
+    });
 }
