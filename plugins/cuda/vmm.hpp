@@ -38,6 +38,7 @@
 #include "../posix/page_runs.hpp"
 #include "../posix/pages.hpp"
 #include "../posix/prefix_table.hpp"
+#include "../posix/retire_now.hpp"
 #include "device_context.hpp"
 #include "settings.hpp"
 
@@ -158,8 +159,7 @@ public:
     // Deferred release retires at once: the driver's unmap does not wait for anything the
     // plugin could observe (the engine drains once its streams are done with the memory).
     result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
-        NXMEM_TRY(outcome, release_allocation(record));
-        return std::optional<plugin::release_outcome>{outcome};
+        return posix::retired_now(release_allocation(record));
     }
 
     // ---- virtual backing ----

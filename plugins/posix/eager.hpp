@@ -32,7 +32,7 @@ public:
     static constexpr std::uint64_t small_limit = 256 * 1024;
 
     eager_mechanism(const settings& taken, const plugin::open_context& context)
-        : settings_(taken), page_(page_bytes()),
+        : settings_(taken), page_(page_bytes()), unbudgeted_small_limit_(taken.budget ? 0 : small_limit),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     static result<std::unique_ptr<eager_mechanism>> open(plugin::open_context& context) {
@@ -41,8 +41,10 @@ public:
     }
 
     result<plugin::block> allocate(std::uint64_t size, std::uint64_t alignment) {
-        if (is_small(size, alignment) && !budget_.limited()) [[likely]] {
-            if (void* memory = heap_allocate(size, alignment); memory != nullptr) [[likely]] {
+        // One compare for "small, and no budget to charge" (the limit is 0 with a budget), one
+        // for malloc's own alignment; everything else (posix_memalign included) is charged.
+        if (size < unbudgeted_small_limit_ && alignment <= alignof(std::max_align_t)) [[likely]] {
+            if (void* memory = std::malloc(static_cast<std::size_t>(size)); memory != nullptr) [[likely]] {
                 count(1, static_cast<std::int64_t>(size));
                 return plugin::block{reinterpret_cast<std::uint64_t>(memory), size, size};
             }
@@ -52,13 +54,12 @@ public:
 
     // Releases through the kit's deallocate (which forwards here) and its release_allocation.
     result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
-        if (is_small(record.size, record.alignment)) [[likely]] {
+        if (record.size < unbudgeted_small_limit_ && record.alignment <= page_) [[likely]] {
             std::free(reinterpret_cast<void*>(record.address));
-            budget_.credit(record.size);
             count(-1, -static_cast<std::int64_t>(record.size));
             return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
         }
-        return release_mapping(record);
+        return release_charged(record);
     }
 
     // Everything eager is mapped from the start.
@@ -98,6 +99,11 @@ private:
     // (asking the host to reclaim when short), a mapping, or the heap's refusal to explain.
     result<plugin::block> allocate_charged(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(cost, cost_of(size, alignment));
+        if (!budget_.limited()) { // nothing to charge: no reclaim to arrange around the call
+            NXMEM_TRY(address, is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment));
+            count(1, static_cast<std::int64_t>(cost));
+            return plugin::block{address, cost, cost};
+        }
         NXMEM_TRY(address, budget_.charged<std::uint64_t>(cost, [&] {
             return is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment);
         }));
@@ -105,7 +111,14 @@ private:
         return plugin::block{address, cost, cost};
     }
 
-    result<plugin::release_outcome> release_mapping(const plugin::allocation_record& record) {
+    // Everything but an unbudgeted small release: heap memory to credit, or a mapping.
+    result<plugin::release_outcome> release_charged(const plugin::allocation_record& record) {
+        if (is_small(record.size, record.alignment)) {
+            std::free(reinterpret_cast<void*>(record.address));
+            budget_.credit(record.size);
+            count(-1, -static_cast<std::int64_t>(record.size));
+            return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
+        }
         NXMEM_TRY(cost, cost_of(record.size, record.alignment)); // it was computed once already
         if (unmap(record.address, cost) != 0) {
             const int code = errno;
@@ -165,6 +178,7 @@ private:
 
     settings settings_;
     std::uint64_t page_;
+    std::uint64_t unbudgeted_small_limit_; // small_limit without a budget, else 0
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
     // Per allocator and per thread: no cache line shared by every allocator's threads, no locked

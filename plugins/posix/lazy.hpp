@@ -23,24 +23,25 @@
 // mapped_bytes. Pages under a mapped prefix belong to the prefix: commit and decommit leave them
 // alone, and mapping a prefix over committed private pages uncommits them.
 //
-// Threads: reservations live in a map sharded by address; each has its own mutex, so calls on
-// different allocations share no lock beyond a shard's, held only for a lookup. The budget is an
-// atomic counter.
+// Threads: reservations live in a table sharded by address (open addressing: no node per
+// allocation); each has its own mutex, so calls on different allocations share no lock beyond a
+// shard's, held only for a lookup. The budget and the usage totals are atomic counters.
 #pragma once
 
 #include "budget.hpp"
 #include "page_runs.hpp"
 #include "pages.hpp"
 #include "prefix_table.hpp"
+#include "retire_now.hpp"
 #include "settings.hpp"
 
+#include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -48,9 +49,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
-#include <vector>
 
 namespace nxmem::posix {
 
@@ -71,11 +70,9 @@ public:
     // The kit hands every live allocation and prefix back before the mechanism goes; this is
     // only a backstop.
     ~lazy_mechanism() {
-        for (shard& owner : shards_) {
-            for (auto& [address, held] : owner.reservations) {
-                unmap(held->address, held->length);
-            }
-        }
+        reservations_.take_each([](std::uint64_t, std::shared_ptr<reservation>&& held) {
+            unmap(held->address, held->length);
+        });
         prefixes_.for_each([](const prefix_file& held) { ::close(held.fd); });
     }
 
@@ -99,16 +96,14 @@ public:
         if (huge) {
             advise_huge_pages(address, length);
         }
-        std::shared_ptr<reservation> held;
         try {
-            held = std::make_shared<reservation>(address, size, length);
-            shard& owner = shard_of(address);
-            std::lock_guard lock(owner.mutex);
-            owner.reservations.emplace(address, held);
+            reservations_.insert(address, std::make_shared<reservation>(address, size, length));
         } catch (...) {
             unmap(address, length);
             throw; // the guard reports it
         }
+        live_allocations_.fetch_add(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
         return plugin::block{address, size, 0};
     }
 
@@ -126,6 +121,9 @@ public:
         held->released = true;
         const std::uint64_t unmapped = held->committed_bytes;
         budget_.credit(unmapped);
+        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_sub(held->size, std::memory_order_relaxed);
+        mapped_bytes_.fetch_sub(unmapped, std::memory_order_relaxed);
         if (held->prefix) {
             held->prefix->sharers.fetch_sub(1, std::memory_order_relaxed);
         }
@@ -134,8 +132,7 @@ public:
 
     // Deferred release retires at once: munmap does not wait for anything.
     result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
-        NXMEM_TRY(outcome, release_allocation(record));
-        return std::optional<plugin::release_outcome>{outcome};
+        return retired_now(release_allocation(record));
     }
 
     // ---- virtual backing ----
@@ -155,16 +152,16 @@ public:
             if (first >= pages.second) {
                 return boost::outcome_v2::success(); // all under the prefix
             }
-            const std::vector<page_run> gaps = held->committed.uncommitted_within(first, pages.second);
             std::uint64_t wanted = 0;
-            for (const page_run& gap : gaps) {
+            held->committed.for_each_gap(first, pages.second, [&](const page_run& gap) {
                 wanted += held->bytes_of(gap);
-            }
+                return true;
+            });
             if (wanted == 0) {
                 return boost::outcome_v2::success(); // committed already: costs nothing more
             }
             NXMEM_TRY_VOID(budget_.charge(wanted, refused));
-            return commit_gaps(*held, gaps, wanted);
+            return commit_gaps(*held, page_run{first, pages.second}, wanted);
         });
     }
 
@@ -178,7 +175,13 @@ public:
             return boost::outcome_v2::success();
         }
         const std::uint64_t page = page_bytes();
-        for (const page_run& run : held->committed.committed_within(first, pages.second)) {
+        // The runs are uncommitted in the table once the calls are made (the walk must not change
+        // what it walks): up to the end, or up to the run whose call failed.
+        std::uint64_t done = pages.second;
+        std::uint64_t bytes = 0; // of the runs decommitted
+        int failed = 0;
+        std::uint64_t failed_length = 0;
+        held->committed.for_each_committed(first, pages.second, [&](const page_run& run) {
             const std::uint64_t at = held->address + run.first * page;
             const std::uint64_t length = (run.second - run.first) * page;
             if (!reserve_again(at, length)) [[unlikely]] {
@@ -188,15 +191,21 @@ public:
                                 MADV_DONTNEED);
                 if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                PROT_NONE) != 0) {
-                    const int code = errno;
-                    return fail(status_code::internal_error,
-                                std::string(name) + ": mprotect(PROT_NONE) of " +
-                                    std::to_string(length) + " bytes failed: " +
-                                    errno_text(code) + "; those pages were emptied but stay committed");
+                    failed = errno;
+                    failed_length = length;
+                    done = run.first;
+                    return false;
                 }
             }
-            held->uncommit(run);
-            budget_.credit(held->bytes_of(run));
+            bytes += held->bytes_of(run);
+            return true;
+        });
+        forget(*held, page_run{first, done}, bytes);
+        if (failed != 0) [[unlikely]] {
+            return fail(status_code::internal_error,
+                        std::string(name) + ": mprotect(PROT_NONE) of " + std::to_string(failed_length) +
+                            " bytes failed: " + errno_text(failed) +
+                            "; those pages were emptied but stay committed");
         }
         return boost::outcome_v2::success();
     }
@@ -210,18 +219,12 @@ public:
 
     // ---- usage query ----
 
-    // Walks the reservations shard by shard: a snapshot for a governor, not a hot path.
+    // Read from atomic totals: no lock, no walk.
     result<allocator_usage> usage() {
         allocator_usage totals;
-        for (shard& owner : shards_) {
-            std::lock_guard shard_lock(owner.mutex);
-            for (const auto& [address, held] : owner.reservations) {
-                std::lock_guard lock(held->mutex);
-                ++totals.live_allocations;
-                totals.reserved_bytes += held->size;
-                totals.mapped_bytes += held->committed_bytes;
-            }
-        }
+        totals.live_allocations = live_allocations_.load(std::memory_order_relaxed);
+        totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
+        totals.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
         prefixes_.for_each([&totals](const prefix_file& held) { totals.shared_prefix_bytes += held.length; });
         return totals;
     }
@@ -256,10 +259,7 @@ public:
         }
         // The private pages the prefix now covers are gone.
         const std::uint64_t prefix_pages = shared->length / page_bytes();
-        for (const page_run& run : held->committed.committed_within(0, prefix_pages)) {
-            held->uncommit(run);
-            budget_.credit(held->bytes_of(run));
-        }
+        uncommit(*held, page_run{0, prefix_pages});
         held->prefix = shared;
         held->prefix_pages = prefix_pages;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -298,10 +298,6 @@ private:
             const std::uint64_t end = std::min(run.second * page, size);
             return end - run.first * page;
         }
-        void uncommit(const page_run& run) {
-            committed.erase(run.first, run.second);
-            committed_bytes -= bytes_of(run);
-        }
 
         const std::uint64_t address;
         const std::uint64_t size;   // as asked
@@ -314,46 +310,14 @@ private:
         bool released = false;
     };
 
-    struct shard {
-        std::mutex mutex;
-        std::unordered_map<std::uint64_t, std::shared_ptr<reservation>> reservations;
-    };
-
-    shard& shard_of(std::uint64_t address) noexcept {
-        const std::uint64_t mixed = (address >> 12) * 0x9E3779B97F4A7C15ull;
-        return shards_[mixed >> 60];
-    }
-
-    // The reservation behind `record`. The kit has checked the record against its own; a stale
-    // copy (released, or its address reused since) is refused here.
-    result<std::shared_ptr<reservation>> find(const plugin::allocation_record& record) {
-        shard& owner = shard_of(record.address);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.reservations.find(record.address);
-        if (found == owner.reservations.end() || found->second->size != record.size) {
-            return unknown(record);
-        }
-        return found->second;
-    }
-
-    // Removes the reservation from the map before it is unmapped, so a new reservation at the
-    // same address can be recorded the moment the old one is gone.
-    result<std::shared_ptr<reservation>> take(const plugin::allocation_record& record) {
-        shard& owner = shard_of(record.address);
-        std::lock_guard lock(owner.mutex);
-        auto found = owner.reservations.find(record.address);
-        if (found == owner.reservations.end() || found->second->size != record.size) {
-            return unknown(record);
-        }
-        std::shared_ptr<reservation> held = std::move(found->second);
-        owner.reservations.erase(found);
-        return held;
-    }
-
-    void put_back(const std::shared_ptr<reservation>& held) {
-        shard& owner = shard_of(held->address);
-        std::lock_guard lock(owner.mutex);
-        owner.reservations.emplace(held->address, held);
+    // The table's check of what it holds at the record's address: a reservation of its size.
+    static auto live_at(const plugin::allocation_record& record) {
+        return [&record](const std::shared_ptr<reservation>* held) -> result<void> {
+            if (held != nullptr && (*held)->size == record.size) [[likely]] {
+                return boost::outcome_v2::success();
+            }
+            return boost::outcome_v2::failure(unknown(record));
+        };
     }
 
     static error unknown(const plugin::allocation_record& record) {
@@ -362,13 +326,56 @@ private:
                          nxmem::detail::to_hex(record.address)};
     }
 
-    static result<void> check_live(const reservation& held) {
-        if (held.released) {
-            return fail(status_code::unknown_allocation,
-                        std::string(name) + ": the allocation at 0x" +
-                            nxmem::detail::to_hex(held.address) + " was released meanwhile");
+    // The reservation behind `record`. The kit has checked the record against its own; a stale
+    // copy (released, or its address reused since) is refused here.
+    result<std::shared_ptr<reservation>> find(const plugin::allocation_record& record) {
+        return reservations_.find(record.address, live_at(record));
+    }
+
+    // Removes the reservation from the table before it is unmapped, so a new reservation at the
+    // same address can be recorded the moment the old one is gone.
+    result<std::shared_ptr<reservation>> take(const plugin::allocation_record& record) {
+        return reservations_.take(record.address, live_at(record));
+    }
+
+    // Its room stayed free when it was taken: putting it back does not allocate.
+    void put_back(const std::shared_ptr<reservation>& held) { reservations_.insert(held->address, held); }
+
+    // Marks the committed pages within `pages` uncommitted (their calls made) and gives back
+    // what they cost: mapped_bytes, the totals and the budget.
+    void uncommit(reservation& held, const page_run& pages) {
+        std::uint64_t bytes = 0;
+        held.committed.for_each_committed(pages.first, pages.second, [&](const page_run& run) {
+            bytes += held.bytes_of(run);
+            return true;
+        });
+        forget(held, pages, bytes);
+    }
+
+    // Marks `pages` uncommitted, their calls made, and gives back the `bytes` they cost.
+    void forget(reservation& held, const page_run& pages, std::uint64_t bytes) {
+        if (bytes == 0) {
+            return;
         }
-        return boost::outcome_v2::success();
+        held.committed.erase(pages.first, pages.second);
+        held.committed_bytes -= bytes;
+        mapped_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+        budget_.credit(bytes);
+    }
+
+    // The tests are inline and the messages built apart (cold), so a call that passes them costs
+    // a compare or two.
+    static result<void> check_live(const reservation& held) {
+        if (!held.released) [[likely]] {
+            return boost::outcome_v2::success();
+        }
+        return boost::outcome_v2::failure(released_meanwhile(held));
+    }
+
+    [[gnu::cold, gnu::noinline]] static error released_meanwhile(const reservation& held) {
+        return error{status_code::unknown_allocation,
+                     std::string(name) + ": the allocation at 0x" +
+                         nxmem::detail::to_hex(held.address) + " was released meanwhile"};
     }
 
     // [first, end) page indices of a page-granular range; INVALID_ARGUMENT otherwise. The kit has
@@ -376,32 +383,41 @@ private:
     static result<page_run> pages_of(const plugin::allocation_record& record, byte_range range) {
         const std::uint64_t page = page_bytes();
         const bool reaches_end = range.offset + range.length == record.size;
-        if (range.offset % page != 0 || (range.length % page != 0 && !reaches_end)) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": ranges are page-granular (" + std::to_string(page) +
-                            " bytes): offset " + std::to_string(range.offset) + " must be a page "
-                            "multiple and length " + std::to_string(range.length) +
-                            " a page multiple or reach the allocation's end at " +
-                            std::to_string(record.size));
+        if (range.offset % page != 0 || (range.length % page != 0 && !reaches_end)) [[unlikely]] {
+            return boost::outcome_v2::failure(not_page_granular(record, range, page));
         }
         return page_run{range.offset / page, (range.offset + range.length + page - 1) / page};
     }
 
-    // Commits each gap; `wanted` has been charged. On failure what was committed stays committed
-    // (mapped_bytes tells) and the rest of the charge is given back.
-    result<void> commit_gaps(reservation& held, const std::vector<page_run>& gaps,
-                             std::uint64_t wanted) {
+    [[gnu::cold, gnu::noinline]] static error not_page_granular(const plugin::allocation_record& record,
+                                                               byte_range range, std::uint64_t page) {
+        return error{status_code::invalid_argument,
+                     std::string(name) + ": ranges are page-granular (" + std::to_string(page) +
+                         " bytes): offset " + std::to_string(range.offset) + " must be a page "
+                         "multiple and length " + std::to_string(range.length) +
+                         " a page multiple or reach the allocation's end at " +
+                         std::to_string(record.size)};
+    }
+
+    // Commits each gap within `pages`; `wanted`, their bytes, has been charged. The table learns
+    // of them once the walk is over (the walk must not change what it walks). On failure what was
+    // committed stays committed (mapped_bytes tells) and the rest of the charge is given back.
+    result<void> commit_gaps(reservation& held, const page_run& pages, std::uint64_t wanted) {
         const std::uint64_t page = page_bytes();
-        for (const page_run& gap : gaps) {
+        std::uint64_t done = pages.second; // [pages.first, done) is committed after the walk
+        std::uint64_t committed = 0;       // the bytes of the gaps committed
+        std::optional<error> failure;
+        held.committed.for_each_gap(pages.first, pages.second, [&](const page_run& gap) {
             const std::uint64_t at = held.address + gap.first * page;
             const std::uint64_t length = (gap.second - gap.first) * page;
             if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                            PROT_READ | PROT_WRITE) != 0) {
                 const int code = errno;
-                budget_.credit(wanted);
-                return fail(status_code::out_of_memory,
-                            std::string(name) + ": mprotect(PROT_READ|PROT_WRITE) of " +
-                                std::to_string(length) + " bytes failed: " + errno_text(code));
+                failure = error{status_code::out_of_memory,
+                                std::string(name) + ": mprotect(PROT_READ|PROT_WRITE) of " +
+                                    std::to_string(length) + " bytes failed: " + errno_text(code)};
+                done = gap.first;
+                return false;
             }
             if (settings_.populate) {
                 if (const int code = populate_for_writing(at, length, populate_supported_);
@@ -410,16 +426,22 @@ private:
                                     MADV_DONTNEED);
                     (void)::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                      PROT_NONE);
-                    budget_.credit(wanted);
-                    return fail(status_code::out_of_memory,
-                                std::string(name) + ": populating " + std::to_string(length) +
-                                    " bytes failed: " + errno_text(code));
+                    failure = error{status_code::out_of_memory,
+                                    std::string(name) + ": populating " + std::to_string(length) +
+                                        " bytes failed: " + errno_text(code)};
+                    done = gap.first;
+                    return false;
                 }
             }
-            held.committed.insert(gap.first, gap.second);
-            const std::uint64_t bytes = held.bytes_of(gap);
-            held.committed_bytes += bytes;
-            wanted -= bytes;
+            committed += held.bytes_of(gap);
+            return true;
+        });
+        held.committed.insert(pages.first, done);
+        held.committed_bytes += committed;
+        mapped_bytes_.fetch_add(committed, std::memory_order_relaxed);
+        if (failure) [[unlikely]] {
+            budget_.credit(wanted - committed);
+            return boost::outcome_v2::failure(std::move(*failure));
         }
         return boost::outcome_v2::success();
     }
@@ -443,11 +465,7 @@ private:
     void restore_reserved(reservation& held, std::uint64_t length) {
         (void)::mmap(reinterpret_cast<void*>(held.address), static_cast<std::size_t>(length),
                      PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-        const std::uint64_t pages = length / page_bytes();
-        for (const page_run& run : held.committed.committed_within(0, pages)) {
-            held.uncommit(run);
-            budget_.credit(held.bytes_of(run));
-        }
+        uncommit(held, page_run{0, length / page_bytes()});
     }
 
     result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
@@ -478,7 +496,11 @@ private:
     settings settings_;
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
-    std::array<shard, 16> shards_;
+    nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
+    // The usage totals, kept as the reservations change so a query walks nothing.
+    std::atomic<std::uint64_t> live_allocations_{0};
+    std::atomic<std::uint64_t> reserved_bytes_{0};
+    std::atomic<std::uint64_t> mapped_bytes_{0};
     prefix_table<prefix_file> prefixes_;
 };
 

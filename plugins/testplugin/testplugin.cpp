@@ -5,6 +5,7 @@
 #include <nxmem/plugin.hpp>
 
 #include "../../test/support/host_heap.hpp"
+#include "../posix/retire_now.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -104,8 +105,7 @@ struct lazy_mechanism {
         return release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
     }
     result<std::optional<release_outcome>> retire(const allocation_record& record) {
-        NXMEM_TRY(outcome, release_allocation(record));
-        return std::optional<release_outcome>{outcome};
+        return nxmem::posix::retired_now(release_allocation(record));
     }
 
     // Ranges are page-granular: the offset is page-aligned, the length a page multiple or the rest.
