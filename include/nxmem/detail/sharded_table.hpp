@@ -75,6 +75,12 @@ public:
     static constexpr std::size_t slot_bytes = sizeof(slot);
     static constexpr std::size_t shard_count = 16;
 
+    // Where visit saw a record: lets erase skip the lookup. Only a hint; a record the shard has
+    // moved since (another insert or removal) is looked up again.
+    struct position {
+        std::size_t slot = ~std::size_t{0};
+    };
+
     sharded_table() = default;
     sharded_table(const sharded_table&) = delete;
     sharded_table& operator=(const sharded_table&) = delete;
@@ -106,8 +112,9 @@ public:
         return owner.remove(key);
     }
 
-    // Removes the record at `key`, if there is one; never allocates, never fails.
-    bool erase(std::uint64_t key) noexcept {
+    // Removes the record at `key`, if there is one; never allocates, never fails. `seen`, where
+    // visit found the record, spares the lookup while the record is still there.
+    bool erase(std::uint64_t key, position seen = {}) noexcept {
         shard& owner = shard_of(key);
         std::lock_guard lock(owner.lock);
         if (key == empty_key) {
@@ -116,7 +123,8 @@ public:
             }
             (void)owner.remove(key);
         } else {
-            const std::size_t at = owner.index_of(key);
+            const bool still_there = seen.slot < owner.capacity && owner.slots[seen.slot].key == key;
+            const std::size_t at = still_there ? seen.slot : owner.index_of(key);
             if (at == not_found) {
                 return false;
             }
@@ -138,9 +146,18 @@ public:
     // Calls `visit(Record*)` (nullptr when there is no record at `key`) under the shard's lock and
     // returns what it returns: one step to check and change a record without building a result.
     template <class Visit> decltype(auto) visit(std::uint64_t key, Visit&& visit) {
+        position ignored;
+        return this->visit(key, std::forward<Visit>(visit), ignored);
+    }
+    // The same, noting where the record is in `seen`.
+    template <class Visit> decltype(auto) visit(std::uint64_t key, Visit&& visit, position& seen) {
         shard& owner = shard_of(key);
         std::lock_guard lock(owner.lock);
-        return visit(owner.find(key));
+        if (key == empty_key) {
+            return visit(owner.find(key));
+        }
+        seen.slot = owner.index_of(key);
+        return visit(seen.slot == not_found ? nullptr : &owner.slots[seen.slot].record);
     }
 
     // Applies `change(Record&)` to the record at `key`; false when there is none.

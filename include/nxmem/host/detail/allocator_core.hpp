@@ -273,7 +273,8 @@ private:
             return identity_error(described.mechanism_id, described.device);
         }
         live_record record;
-        const live_table::verdict claimed = live_.claim(described, record);
+        live_table::position at;
+        const live_table::verdict claimed = live_.claim(described, record, at);
         if (claimed != live_table::verdict::accepted) [[unlikely]] {
             return live_table::refusal(claimed, described, record);
         }
@@ -285,7 +286,7 @@ private:
                 live_.unclaim(described.allocation_id); // nothing changed
                 return plugin_failure(code, status);
             }
-            live_.erase_claimed(described.allocation_id);
+            live_.erase_claimed(described.allocation_id, at);
             return release_report{release_state::complete, record.size(), 0};
         }
         NxmemReleaseOutcome outcome{.struct_size = sizeof(NxmemReleaseOutcome),
@@ -297,7 +298,7 @@ private:
             live_.unclaim(described.allocation_id); // FAILED: as live as before
             return release_failure(code, status);
         }
-        live_.erase_claimed(described.allocation_id);
+        live_.erase_claimed(described.allocation_id, at);
         if (outcome.state == NXMEM_RELEASE_COMPLETE) [[likely]] {
             return release_report{release_state::complete, outcome.unmapped_bytes, 0};
         }

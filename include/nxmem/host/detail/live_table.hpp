@@ -50,7 +50,12 @@ private:
 static_assert(sizeof(live_record) == 16);
 
 class live_table {
+    using table = nxmem::detail::sharded_table<live_record, nxmem::detail::shard_by_lane>;
+
 public:
+    // Where claim found a record (a hint for erase_claimed).
+    using position = table::position;
+
     // How a description compares with the record at its id.
     enum class verdict { accepted, unknown, being_released, misdescribed };
 
@@ -97,7 +102,7 @@ public:
     // Marks the record releasing if the description matches it, and copies it to `claimed` (the
     // live record is copied on a mismatch too, for the refusal's message). An unknown id, a record
     // already being released or a description that does not match leave the table unchanged.
-    verdict claim(const NxmemAllocation& described, live_record& claimed) noexcept {
+    verdict claim(const NxmemAllocation& described, live_record& claimed, position& at) noexcept {
         return records_.visit(described.allocation_id, [&](live_record* record) noexcept {
             const verdict found = compare(record, described);
             if (found == verdict::accepted) [[likely]] {
@@ -107,12 +112,13 @@ public:
                 claimed = *record;
             }
             return found;
-        });
+        }, at);
     }
     // claim, with the refusal as an error.
     result<live_record> claim(const NxmemAllocation& described) {
         live_record claimed;
-        const verdict found = claim(described, claimed);
+        position ignored;
+        const verdict found = claim(described, claimed, ignored);
         if (found != verdict::accepted) [[unlikely]] {
             return refusal(found, described, claimed);
         }
@@ -120,7 +126,10 @@ public:
     }
     // The claimed allocation is gone: erases its record (allocates nothing; the table gives memory
     // back when it has become sparse and memory can be had for the smaller array).
-    void erase_claimed(std::uint64_t allocation_id) noexcept { (void)records_.erase(allocation_id); }
+    // `at`, where claim found the record, spares a second lookup.
+    void erase_claimed(std::uint64_t allocation_id, position at = {}) noexcept {
+        (void)records_.erase(allocation_id, at);
+    }
     // The claimed allocation is as live as before (allocates nothing).
     void unclaim(std::uint64_t allocation_id) noexcept {
         (void)records_.update(allocation_id, [](live_record& record) { record.mark_releasing(false); });
@@ -155,9 +164,8 @@ public:
 private:
     // Ids come from the module's allocation_id_source: a shard per id lane, so each thread
     // allocating from this allocator keeps to a shard of its own.
-    static_assert(nxmem::detail::allocation_id_source::lanes ==
-                  nxmem::detail::sharded_table<live_record>::shard_count);
-    nxmem::detail::sharded_table<live_record, nxmem::detail::shard_by_lane> records_;
+    static_assert(nxmem::detail::allocation_id_source::lanes == table::shard_count);
+    table records_;
 };
 
 } // namespace nxmem::host::detail
