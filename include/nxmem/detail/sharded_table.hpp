@@ -324,7 +324,7 @@ private:
 
         // Room for one more record; throws std::bad_alloc, changing nothing.
         void reserve_one() {
-            if ((count + 1) * 10 > capacity * 9) {
+            if ((count + 1) * 10 > capacity * 9) [[unlikely]] {
                 rehash(std::max(min_capacity, (count + 1) * 25 / 18)); // load 0.72 after
             }
         }
@@ -396,9 +396,13 @@ private:
         // Gives memory back once the shard is under 36% full, keeping room for `spare` more
         // records; skipped (the shard stays as it is) when the smaller array cannot be had.
         void shrink_if_sparse(std::size_t spare) noexcept {
-            if (capacity <= min_capacity || count * 25 >= capacity * 9) {
+            if (capacity <= min_capacity || count * 25 >= capacity * 9) [[likely]] {
                 return;
             }
+            shrink(spare);
+        }
+        // Out of line: the hot insert and erase paths stay small enough to inline.
+        [[gnu::noinline, gnu::cold]] void shrink(std::size_t spare) noexcept {
             try {
                 rehash(std::max(min_capacity, (count + spare) * 25 / 18));
             } catch (const std::bad_alloc&) {
@@ -406,7 +410,7 @@ private:
             }
         }
 
-        void rehash(std::size_t new_capacity) {
+        [[gnu::noinline]] void rehash(std::size_t new_capacity) {
             slot* fresh = allocate_slots(new_capacity);
             slot* old = slots;
             const std::size_t old_capacity = capacity;
