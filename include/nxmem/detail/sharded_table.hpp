@@ -242,7 +242,7 @@ private:
     static void free_slots(slot* array, std::size_t capacity) noexcept {
         if (array != nullptr) {
             std::destroy_n(array, capacity);
-            ::operator delete(array, array_bytes(capacity), std::align_val_t{cache_line});
+            ::operator delete(array, std::align_val_t{cache_line});
         }
     }
 
