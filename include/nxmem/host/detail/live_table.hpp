@@ -53,6 +53,8 @@ class live_table {
     using table = nxmem::detail::sharded_table<live_record, nxmem::detail::shard_by_lane>;
 
 public:
+    // The bytes one record takes in its slot, id included.
+    static constexpr std::size_t slot_bytes = table::slot_bytes;
     // Where claim found a record (a hint for erase_claimed).
     using position = table::position;
 
