@@ -124,7 +124,7 @@ public:
             (void)owner.remove(key);
         } else {
             const bool still_there = seen.slot < owner.capacity && owner.slots[seen.slot].key == key;
-            const std::size_t at = still_there ? seen.slot : owner.index_of(key);
+            const std::size_t at = still_there ? seen.slot : owner.look_up(key);
             if (at == not_found) {
                 return false;
             }
@@ -295,6 +295,9 @@ private:
             }
         }
 
+        // index_of, out of line: for erase, whose caller mostly knows the slot already.
+        [[gnu::noinline]] std::size_t look_up(std::uint64_t key) const noexcept { return index_of(key); }
+
         // Replaces the record at `key`, or places it, in one probe; room is reserved.
         void insert_or_assign(std::uint64_t key, Record&& record) noexcept {
             if (key == empty_key) {
@@ -371,14 +374,22 @@ private:
             --count;
             published_count.store(count, std::memory_order_relaxed);
             Record taken = std::move(slots[at].record);
+            const std::size_t after = next(at);
+            if (slots[after].key != empty_key && distance(after) != 0) {
+                at = shift_back(at); // out of line: the common removal stays a few instructions
+            }
+            slots[at].key = empty_key;
+            slots[at].record = Record{};
+            return taken;
+        }
+        // Moves the displaced records after `at` back one slot each; returns the slot left empty.
+        [[gnu::noinline]] std::size_t shift_back(std::size_t at) noexcept {
             for (std::size_t after = next(at);
                  slots[after].key != empty_key && distance(after) != 0; after = next(after)) {
                 slots[at] = std::move(slots[after]);
                 at = after;
             }
-            slots[at].key = empty_key;
-            slots[at].record = Record{};
-            return taken;
+            return at;
         }
 
         // A key in the table, scanning on from `cursor` (take_each's position).
