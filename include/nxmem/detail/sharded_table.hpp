@@ -1,7 +1,7 @@
 // A map from 64-bit keys to records, split into shards with a lock each, so threads working on
 // different keys rarely share a lock and no lock is process-wide. Used by the host (keyed by
 // allocation id) and by the plugin kit and plugins (keyed by address). Nothing is called with a
-// lock held except the caller's `match`/`change`, which must only compare or assign.
+// lock held except the caller's `match`/`change`/`visit`, which must only compare or assign.
 //
 // Each shard is an open-addressing array of {key, record} slots (Robin Hood linear probing,
 // backward-shift deletion, so no tombstones): no heap node per record. A shard owns its cache
