@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <new>
@@ -312,9 +313,17 @@ TEST_CASE("shard_by_lane gives each thread drawing allocation ids a shard of its
             mine.insert(shard_by_lane::shard(ids.next()));
         }
     };
-    std::thread other(draw, std::ref(shards[1]));
-    other.join(); // one after the other: each thread is dealt its lane on its first draw
+    // Both threads alive while they draw: a lane is held until its thread exits.
+    std::atomic<bool> drawn{false};
+    std::thread other([&] {
+        draw(shards[1]);
+        while (!drawn.load()) {
+            std::this_thread::yield();
+        }
+    });
     draw(shards[0]);
+    drawn = true;
+    other.join();
     REQUIRE(shards[0].size() == 1);
     REQUIRE(shards[1].size() == 1);
     CHECK(*shards[0].begin() != *shards[1].begin());
