@@ -328,3 +328,16 @@ TEST_CASE("shard_by_lane gives each thread drawing allocation ids a shard of its
     REQUIRE(shards[1].size() == 1);
     CHECK(*shards[0].begin() != *shards[1].begin());
 }
+
+TEST_CASE("a new thread never lands on the lane of a thread still running", "[table]") {
+    using nxmem::detail::shard_by_lane;
+    nxmem::detail::allocation_id_source ids;
+    const std::size_t mine = shard_by_lane::shard(ids.next());
+    // Threads come and go one at a time while this one keeps its lane (as a program's main thread
+    // does while a benchmark starts helper threads run after run): none may share it.
+    for (int started = 0; started < 40; ++started) {
+        std::size_t theirs = mine;
+        std::thread([&] { theirs = shard_by_lane::shard(ids.next()); }).join();
+        REQUIRE(theirs != mine);
+    }
+}
