@@ -32,9 +32,30 @@ void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
 void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept {
     return operator new(bytes, tag);
 }
+// The aligned forms too: the tables' slot arrays are cache-line aligned.
+void* operator new(std::size_t bytes, std::align_val_t alignment) {
+    ++nxmem::test::allocations;
+    if (nxmem::test::fail_allocations) {
+        throw std::bad_alloc();
+    }
+    const auto align = static_cast<std::size_t>(alignment);
+    const std::size_t wanted = bytes == 0 ? 1 : bytes;
+    const std::size_t rounded = (wanted + align - 1) / align * align; // aligned_alloc's rule
+    if (void* memory = std::aligned_alloc(align, rounded)) {
+        return memory;
+    }
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes, std::align_val_t alignment) {
+    return operator new(bytes, alignment);
+}
 void operator delete(void* memory) noexcept { std::free(memory); }
 void operator delete[](void* memory) noexcept { std::free(memory); }
 void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }
 void operator delete[](void* memory, std::size_t) noexcept { std::free(memory); }
 void operator delete(void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
 void operator delete[](void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
+void operator delete(void* memory, std::align_val_t) noexcept { std::free(memory); }
+void operator delete[](void* memory, std::align_val_t) noexcept { std::free(memory); }
+void operator delete(void* memory, std::size_t, std::align_val_t) noexcept { std::free(memory); }
+void operator delete[](void* memory, std::size_t, std::align_val_t) noexcept { std::free(memory); }

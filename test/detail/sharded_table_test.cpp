@@ -4,15 +4,19 @@
 // replaces the global operator new (counting_new.cpp) so a test can make allocations fail.
 #include "counting_new.hpp"
 
+#include <nxmem/detail/allocation_id_source.hpp>
 #include <nxmem/detail/sharded_table.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <new>
 #include <utility>
 #include <random>
+#include <set>
+#include <thread>
 #include <vector>
 
 using nxmem::test::allocations;
@@ -229,4 +233,111 @@ TEST_CASE("take_each hands every record over once, allocating nothing", "[table]
     CHECK(under_test.size() == 0);
     CHECK(std::map<std::uint64_t, int>(seen.begin(), seen.end()) == model);
     CHECK(seen.size() == model.size());
+}
+
+TEST_CASE("a lane-sharded table agrees with a std::map, erasing at the positions visit saw",
+          "[table]") {
+    using lane_table = nxmem::detail::sharded_table<std::uint64_t, nxmem::detail::shard_by_lane>;
+    lane_table under_test;
+    std::map<std::uint64_t, std::uint64_t> model;
+    std::map<std::uint64_t, lane_table::position> seen; // positions go stale as the table changes
+    std::mt19937_64 random(11);
+    for (int step = 0; step < 60000; ++step) {
+        // Mostly ids of a few lanes, as threads draw them; key 0 and other keys too.
+        const std::uint64_t key = random() % 8 == 0 ? random() % 50 : 1 + (random() % 4) + 16 * (random() % 800);
+        switch (random() % 4) {
+        case 0:
+        case 1: {
+            const std::uint64_t value = random();
+            under_test.insert(key, value);
+            model[key] = value;
+            break;
+        }
+        case 2: {
+            lane_table::position at;
+            const bool found = under_test.visit(
+                key, [](std::uint64_t* record) { return record != nullptr; }, at);
+            CHECK(found == (model.count(key) == 1));
+            seen[key] = at;
+            break;
+        }
+        default: {
+            const auto hint = seen.find(key);
+            const bool erased = hint != seen.end() ? under_test.erase(key, hint->second)
+                                                   : under_test.erase(key);
+            CHECK(erased == (model.erase(key) == 1));
+        }
+        }
+        if (step % 5000 == 0) {
+            REQUIRE(under_test.size() == model.size());
+            for (const auto& [present_key, value] : model) {
+                const std::uint64_t* found = nullptr;
+                under_test.visit(present_key, [&](std::uint64_t* record) { found = record; });
+                REQUIRE(found != nullptr); // read under the lock, compared after: single-threaded here
+                CHECK(*found == value);
+            }
+        }
+    }
+    CHECK(under_test.size() == model.size());
+}
+
+TEST_CASE("a stale position never erases another record", "[table]") {
+    using lane_table = nxmem::detail::sharded_table<std::uint64_t, nxmem::detail::shard_by_lane>;
+    lane_table under_test;
+    under_test.insert(1, 10);
+    lane_table::position at;
+    under_test.visit(1, [](std::uint64_t*) {}, at);
+    CHECK(under_test.erase(1, at));
+    under_test.insert(17, 170); // same lane, may take the slot key 1 had
+    CHECK_FALSE(under_test.erase(1, at));
+    CHECK(under_test.size() == 1);
+    for (std::uint64_t key = 33; key < 33 + 16 * 1000; key += 16) { // grows the shard: slots move
+        under_test.insert(key, key);
+    }
+    lane_table::position moved;
+    under_test.visit(17, [](std::uint64_t*) {}, moved);
+    for (std::uint64_t key = 33; key < 33 + 16 * 1000; key += 16) {
+        REQUIRE(under_test.erase(key, moved)); // someone else's position: looked up instead
+    }
+    CHECK(under_test.size() == 1);
+    CHECK(under_test.erase(17, moved));
+    CHECK(under_test.size() == 0);
+}
+
+TEST_CASE("shard_by_lane gives each thread drawing allocation ids a shard of its own", "[table]") {
+    using nxmem::detail::shard_by_lane;
+    nxmem::detail::allocation_id_source ids;
+    std::set<std::size_t> shards[2];
+    auto draw = [&](std::set<std::size_t>& mine) {
+        for (int i = 0; i < 1000; ++i) {
+            mine.insert(shard_by_lane::shard(ids.next()));
+        }
+    };
+    // Both threads alive while they draw: a lane is held until its thread exits.
+    std::atomic<bool> drawn{false};
+    std::thread other([&] {
+        draw(shards[1]);
+        while (!drawn.load()) {
+            std::this_thread::yield();
+        }
+    });
+    draw(shards[0]);
+    drawn = true;
+    other.join();
+    REQUIRE(shards[0].size() == 1);
+    REQUIRE(shards[1].size() == 1);
+    CHECK(*shards[0].begin() != *shards[1].begin());
+}
+
+TEST_CASE("a new thread never lands on the lane of a thread still running", "[table]") {
+    using nxmem::detail::shard_by_lane;
+    nxmem::detail::allocation_id_source ids;
+    const std::size_t mine = shard_by_lane::shard(ids.next());
+    // Threads come and go one at a time while this one keeps its lane (as a program's main thread
+    // does while a benchmark starts helper threads run after run): none may share it.
+    for (int started = 0; started < 40; ++started) {
+        std::size_t theirs = mine;
+        std::thread([&] { theirs = shard_by_lane::shard(ids.next()); }).join();
+        REQUIRE(theirs != mine);
+    }
 }

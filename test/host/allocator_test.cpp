@@ -245,6 +245,57 @@ TEST_CASE("releasing an unknown address fails rather than guessing", "[misuse]")
     REQUIRE(module->try_unload());
 }
 
+TEST_CASE("the host's refusal messages stay word for word", "[misuse]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        auto legacy = open_or_fail<cpu_device>(module, "legacy-1-0");
+        const auto live = value_or_fail(eager.allocate(256, 64));
+        const std::string id = std::to_string(live.allocation_id);
+        const std::string at = "0x" + nxmem::detail::to_hex(cpu_device::to_wire(live.address));
+
+        allocation<cpu_device> bigger = live;
+        bigger.size = 257;
+        auto misdescribed = eager.release(bigger);
+        REQUIRE_FALSE(misdescribed);
+        CHECK(misdescribed.error().code == status_code::invalid_argument);
+        CHECK(misdescribed.error().message ==
+              "misdescribed allocation " + id + ": address " + at +
+                  ", size 257, alignment 64 but the live one is at " + at + ", size 256, alignment 64");
+
+        allocation<cpu_device> unknown = live;
+        unknown.allocation_id += 1u << 20;
+        auto refused = eager.release(unknown);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::unknown_allocation);
+        CHECK(refused.error().message == "no live allocation with id " +
+                                             std::to_string(unknown.allocation_id) + " (address " +
+                                             at + ") in this allocator");
+
+        auto sibling = legacy.release(live);
+        REQUIRE_FALSE(sibling);
+        CHECK(sibling.error().code == status_code::wrong_mechanism);
+        CHECK(sibling.error().message == "an object of mechanism " + std::to_string(live.mechanism_id) +
+                                             " was handed to 'legacy-1-0' (mechanism " +
+                                             std::to_string(legacy.mechanism_id()) + ")");
+
+        auto empty = eager.allocate(0, 8);
+        REQUIRE_FALSE(empty);
+        CHECK(empty.error().code == status_code::invalid_argument);
+        CHECK(empty.error().message == "allocate: size 0 (an allocation is at least one byte)");
+        auto crooked = eager.allocate(64, 24);
+        REQUIRE_FALSE(crooked);
+        CHECK(crooked.error().message == "allocate: alignment 24 is not a power of two");
+
+        REQUIRE(eager.release(live));
+        auto twice = eager.release(live);
+        REQUIRE_FALSE(twice);
+        CHECK(twice.error().message ==
+              "no live allocation with id " + id + " (address " + at + ") in this allocator");
+    }
+    REQUIRE(module->try_unload());
+}
+
 TEST_CASE("an allocation cannot be released by a sibling mechanism", "[misuse]") {
     auto module = load_or_fail(test::testplugin_path());
     {

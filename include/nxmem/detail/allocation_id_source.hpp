@@ -2,14 +2,16 @@
 // never reused, never derived from an address, and increasing in the order each thread allocates.
 // A source owns sixteen counters,
 // each on its own cache line; counter i issues i + 1, i + 1 + 16, i + 1 + 32, ... so no two
-// counters ever issue the same id. A thread always draws from the same counter, so threads that
-// draw from different counters write no cache line they share. The ids live in the module, not
+// counters ever issue the same id. A thread always draws from the same counter, and threads alive
+// at the same time draw from different ones (up to sixteen of them), so they write no cache line
+// they share. The ids live in the module, not
 // in a process-wide variable: code that includes the host twice (two shared objects built with
 // hidden visibility) still draws one source's ids from one place.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +20,7 @@ namespace nxmem::detail {
 class allocation_id_source {
 public:
     static constexpr std::size_t lanes = 16;
+    static_assert(lanes <= 32, "the lanes held are bits of one 32-bit word");
 
     allocation_id_source() noexcept {
         for (std::size_t lane = 0; lane < lanes; ++lane) {
@@ -30,12 +33,58 @@ public:
     }
 
 private:
-    // Threads are dealt lanes in turn as they first allocate. The deal counter is per program
-    // (or per copy of this code): it only spreads threads, uniqueness never depends on it.
+    // A thread holds a lane from its first allocation until it exits; a new thread takes the
+    // lowest lane no live thread holds, so up to sixteen threads alive at once never share one
+    // (with more, the extra threads share lanes dealt in turn: slower, never wrong). The lanes
+    // held are per program (or per copy of this code): uniqueness never depends on them.
+    class lane_lease {
+    public:
+        lane_lease() noexcept : lane_(take()), owned_(lane_ < lanes) {
+            if (!owned_) {
+                lane_ = dealt().fetch_add(1, std::memory_order_relaxed) % lanes;
+            }
+        }
+        ~lane_lease() {
+            if (owned_) {
+                held().fetch_and(~(std::uint32_t{1} << lane_), std::memory_order_release);
+            }
+        }
+        lane_lease(const lane_lease&) = delete;
+        lane_lease& operator=(const lane_lease&) = delete;
+        std::size_t lane() const noexcept { return lane_; }
+
+    private:
+        // The lowest lane nobody holds, now held; `lanes` when all are.
+        static std::size_t take() noexcept {
+            std::uint32_t taken = held().load(std::memory_order_relaxed);
+            for (;;) {
+                const std::uint32_t free = ~taken & ((std::uint32_t{1} << lanes) - 1);
+                if (free == 0) {
+                    return lanes;
+                }
+                const auto lane = static_cast<std::size_t>(std::countr_zero(free));
+                if (held().compare_exchange_weak(taken, taken | (std::uint32_t{1} << lane),
+                                                 std::memory_order_acquire, std::memory_order_relaxed)) {
+                    return lane;
+                }
+            }
+        }
+        static std::atomic<std::uint32_t>& held() noexcept {
+            static std::atomic<std::uint32_t> lanes_held{0};
+            return lanes_held;
+        }
+        static std::atomic<std::size_t>& dealt() noexcept {
+            static std::atomic<std::size_t> count{0};
+            return count;
+        }
+
+        std::size_t lane_;
+        bool owned_;
+    };
+
     static std::size_t lane_of_this_thread() noexcept {
-        static std::atomic<std::size_t> dealt{0};
-        thread_local const std::size_t lane = dealt.fetch_add(1, std::memory_order_relaxed) % lanes;
-        return lane;
+        thread_local const lane_lease lease;
+        return lease.lane();
     }
 
     struct alignas(64) lane {

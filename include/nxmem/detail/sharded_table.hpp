@@ -1,11 +1,14 @@
 // A map from 64-bit keys to records, split into shards with a lock each, so threads working on
 // different keys rarely share a lock and no lock is process-wide. Used by the host (keyed by
 // allocation id) and by the plugin kit and plugins (keyed by address). Nothing is called with a
-// lock held except the caller's `match`/`change`, which must only compare or assign.
+// lock held except the caller's `match`/`change`/`visit`, which must only compare or assign.
 //
 // Each shard is an open-addressing array of {key, record} slots (Robin Hood linear probing,
 // backward-shift deletion, so no tombstones): no heap node per record. A shard owns its cache
-// lines, so two threads on two shards never write the same line. A shard grows by about 1.25x
+// lines (its header and its slot array are cache-line aligned and padded), so two threads on two
+// shards never write the same line. Which shard a key goes to is the table's Sharding policy:
+// shard_by_hash spreads any keys; shard_by_lane keeps each id lane of an allocation_id_source in
+// a shard of its own, so threads (each drawing ids from its own lane) never meet on a shard. A shard grows by about 1.25x
 // when it passes 90% full and, after removals leave it under 36% full, shrinks back to 72%; the
 // load stays between 0.36 and 0.9 and the memory follows the live count down as well as up.
 // Growth allocates (and throws std::bad_alloc with the table unchanged); shrinking is skipped when
@@ -20,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <type_traits>
@@ -27,7 +31,35 @@
 
 namespace nxmem::detail {
 
-template <class Record> class sharded_table {
+// Fibonacci hashing: sequential ids and aligned addresses both spread over shards and slots.
+constexpr std::uint64_t fibonacci_mix(std::uint64_t key) noexcept {
+    return key * 0x9E3779B97F4A7C15ull;
+}
+
+// Sharding policies: `shard(key)` picks one of 16 shards, `slot_hash(key)` places the key in its
+// shard (its high bits are used, so they must vary among the keys of one shard).
+
+// Any keys: the top four bits of the hash pick the shard, the bits below place the key.
+struct shard_by_hash {
+    static std::size_t shard(std::uint64_t key) noexcept {
+        return static_cast<std::size_t>(fibonacci_mix(key) >> 60);
+    }
+    static std::uint64_t slot_hash(std::uint64_t key) noexcept { return fibonacci_mix(key) << 4; }
+};
+
+// Allocation ids from an allocation_id_source, whose lane i issues i + 1, i + 1 + 16, ...: the
+// shard is the id's lane. A thread draws every id from one lane, so it only ever locks and writes
+// its own shard; on other keys the policy still works, it only loses that property.
+struct shard_by_lane {
+    static std::size_t shard(std::uint64_t key) noexcept {
+        return static_cast<std::size_t>((key - 1) % 16);
+    }
+    static std::uint64_t slot_hash(std::uint64_t key) noexcept {
+        return fibonacci_mix((key - 1) / 16); // the id's rank within its lane
+    }
+};
+
+template <class Record, class Sharding = shard_by_hash> class sharded_table {
     static_assert(std::is_nothrow_default_constructible_v<Record> &&
                       std::is_nothrow_move_constructible_v<Record> &&
                       std::is_nothrow_move_assignable_v<Record>,
@@ -43,12 +75,18 @@ public:
     static constexpr std::size_t slot_bytes = sizeof(slot);
     static constexpr std::size_t shard_count = 16;
 
+    // Where visit saw a record: lets erase skip the lookup. Only a hint; a record the shard has
+    // moved since (another insert or removal) is looked up again.
+    struct position {
+        std::size_t slot = ~std::size_t{0};
+    };
+
     sharded_table() = default;
     sharded_table(const sharded_table&) = delete;
     sharded_table& operator=(const sharded_table&) = delete;
     ~sharded_table() {
         for (shard& owner : shards_) {
-            delete[] owner.slots;
+            free_slots(owner.slots, owner.capacity);
         }
     }
 
@@ -74,8 +112,9 @@ public:
         return owner.remove(key);
     }
 
-    // Removes the record at `key`, if there is one; never allocates, never fails.
-    bool erase(std::uint64_t key) noexcept {
+    // Removes the record at `key`, if there is one; never allocates, never fails. `seen`, where
+    // visit found the record, spares the lookup while the record is still there.
+    bool erase(std::uint64_t key, position seen = {}) noexcept {
         shard& owner = shard_of(key);
         std::lock_guard lock(owner.lock);
         if (key == empty_key) {
@@ -84,7 +123,8 @@ public:
             }
             (void)owner.remove(key);
         } else {
-            const std::size_t at = owner.index_of(key);
+            const bool still_there = seen.slot < owner.capacity && owner.slots[seen.slot].key == key;
+            const std::size_t at = still_there ? seen.slot : owner.look_up(key);
             if (at == not_found) {
                 return false;
             }
@@ -101,6 +141,23 @@ public:
         const Record* found = owner.find(key);
         NXMEM_TRY_VOID(match(found));
         return *found;
+    }
+
+    // Calls `visit(Record*)` (nullptr when there is no record at `key`) under the shard's lock and
+    // returns what it returns: one step to check and change a record without building a result.
+    template <class Visit> decltype(auto) visit(std::uint64_t key, Visit&& visit) {
+        position ignored;
+        return this->visit(key, std::forward<Visit>(visit), ignored);
+    }
+    // The same, noting where the record is in `seen`.
+    template <class Visit> decltype(auto) visit(std::uint64_t key, Visit&& visit, position& seen) {
+        shard& owner = shard_of(key);
+        std::lock_guard lock(owner.lock);
+        if (key == empty_key) {
+            return visit(owner.find(key));
+        }
+        seen.slot = owner.index_of(key);
+        return visit(seen.slot == not_found ? nullptr : &owner.slots[seen.slot].record);
     }
 
     // Applies `change(Record&)` to the record at `key`; false when there is none.
@@ -161,7 +218,7 @@ public:
     std::size_t bytes() const noexcept {
         std::size_t total = sizeof(*this);
         for (const shard& owner : shards_) {
-            total += owner.published_capacity.load(std::memory_order_relaxed) * sizeof(slot);
+            total += array_bytes(owner.published_capacity.load(std::memory_order_relaxed));
         }
         return total;
     }
@@ -170,6 +227,24 @@ private:
     static constexpr std::uint64_t empty_key = 0;
     static constexpr std::size_t not_found = ~std::size_t{0};
     static constexpr std::size_t min_capacity = 8;
+    static constexpr std::size_t cache_line = 64;
+
+    // A slot array takes whole cache lines of its own: the slots of two shards never share one.
+    static constexpr std::size_t array_bytes(std::size_t capacity) noexcept {
+        return (capacity * sizeof(slot) + cache_line - 1) / cache_line * cache_line;
+    }
+    static slot* allocate_slots(std::size_t capacity) {
+        auto* array = static_cast<slot*>(
+            ::operator new(array_bytes(capacity), std::align_val_t{cache_line}));
+        std::uninitialized_value_construct_n(array, capacity);
+        return array;
+    }
+    static void free_slots(slot* array, std::size_t capacity) noexcept {
+        if (array != nullptr) {
+            std::destroy_n(array, capacity);
+            ::operator delete(array, std::align_val_t{cache_line});
+        }
+    }
 
     // A slot array plus the one record whose key is empty_key, kept beside it.
     struct alignas(64) shard {
@@ -183,10 +258,10 @@ private:
         std::atomic<std::size_t> published_capacity{0};
         Record empty_key_record{};
 
-        // The slot a key would sit in with no collision: a multiply-shift over the hash bits the
-        // shard index did not use, so any capacity works (not only powers of two).
+        // The slot a key would sit in with no collision: a multiply-shift of the policy's slot
+        // hash, so any capacity works (not only powers of two).
         std::size_t home(std::uint64_t key) const noexcept {
-            const std::uint64_t bits = mix(key) << shard_bits;
+            const std::uint64_t bits = Sharding::slot_hash(key);
             return static_cast<std::size_t>((static_cast<wide>(bits) * capacity) >> 64);
         }
         std::size_t distance(std::size_t at) const noexcept {
@@ -220,6 +295,9 @@ private:
             }
         }
 
+        // index_of, out of line: for erase, whose caller mostly knows the slot already.
+        [[gnu::noinline]] std::size_t look_up(std::uint64_t key) const noexcept { return index_of(key); }
+
         // Replaces the record at `key`, or places it, in one probe; room is reserved.
         void insert_or_assign(std::uint64_t key, Record&& record) noexcept {
             if (key == empty_key) {
@@ -249,7 +327,7 @@ private:
 
         // Room for one more record; throws std::bad_alloc, changing nothing.
         void reserve_one() {
-            if ((count + 1) * 10 > capacity * 9) {
+            if ((count + 1) * 10 > capacity * 9) [[unlikely]] {
                 rehash(std::max(min_capacity, (count + 1) * 25 / 18)); // load 0.72 after
             }
         }
@@ -296,14 +374,22 @@ private:
             --count;
             published_count.store(count, std::memory_order_relaxed);
             Record taken = std::move(slots[at].record);
+            const std::size_t after = next(at);
+            if (slots[after].key != empty_key && distance(after) != 0) {
+                at = shift_back(at); // out of line: the common removal stays a few instructions
+            }
+            slots[at].key = empty_key;
+            slots[at].record = Record{};
+            return taken;
+        }
+        // Moves the displaced records after `at` back one slot each; returns the slot left empty.
+        [[gnu::noinline]] std::size_t shift_back(std::size_t at) noexcept {
             for (std::size_t after = next(at);
                  slots[after].key != empty_key && distance(after) != 0; after = next(after)) {
                 slots[at] = std::move(slots[after]);
                 at = after;
             }
-            slots[at].key = empty_key;
-            slots[at].record = Record{};
-            return taken;
+            return at;
         }
 
         // A key in the table, scanning on from `cursor` (take_each's position).
@@ -321,9 +407,13 @@ private:
         // Gives memory back once the shard is under 36% full, keeping room for `spare` more
         // records; skipped (the shard stays as it is) when the smaller array cannot be had.
         void shrink_if_sparse(std::size_t spare) noexcept {
-            if (capacity <= min_capacity || count * 25 >= capacity * 9) {
+            if (capacity <= min_capacity || count * 25 >= capacity * 9) [[likely]] {
                 return;
             }
+            shrink(spare);
+        }
+        // Out of line: the hot insert and erase paths stay small enough to inline.
+        [[gnu::noinline, gnu::cold]] void shrink(std::size_t spare) noexcept {
             try {
                 rehash(std::max(min_capacity, (count + spare) * 25 / 18));
             } catch (const std::bad_alloc&) {
@@ -331,8 +421,8 @@ private:
             }
         }
 
-        void rehash(std::size_t new_capacity) {
-            slot* fresh = new slot[new_capacity]();
+        [[gnu::noinline]] void rehash(std::size_t new_capacity) {
+            slot* fresh = allocate_slots(new_capacity);
             slot* old = slots;
             const std::size_t old_capacity = capacity;
             capacity = new_capacity;
@@ -343,18 +433,15 @@ private:
             }
             slots = fresh;
             published_capacity.store(capacity, std::memory_order_relaxed);
-            delete[] old;
+            free_slots(old, old_capacity);
         }
     };
 
     __extension__ using wide = unsigned __int128; // for the multiply-shift range reduction
-    static constexpr unsigned shard_bits = 4;
-    static_assert(shard_count == 1u << shard_bits);
+    static_assert(shard_count == 16, "the sharding policies pick one of 16 shards");
+    static_assert(sizeof(shard) % cache_line == 0);
 
-    // Fibonacci hashing: sequential ids and aligned addresses both spread over shards and slots.
-    static std::uint64_t mix(std::uint64_t key) noexcept { return key * 0x9E3779B97F4A7C15ull; }
-
-    shard& shard_of(std::uint64_t key) noexcept { return shards_[mix(key) >> (64 - shard_bits)]; }
+    shard& shard_of(std::uint64_t key) noexcept { return shards_[Sharding::shard(key)]; }
 
     std::array<shard, shard_count> shards_;
 };

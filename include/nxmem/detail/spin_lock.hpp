@@ -11,6 +11,17 @@ namespace nxmem::detail {
 class spin_lock {
 public:
     void lock() noexcept {
+        if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]] {
+            return;
+        }
+        wait_and_lock();
+    }
+    bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+    // Out of line: an uncontended lock is one exchange, and its callers stay small.
+    [[gnu::noinline]] void wait_and_lock() noexcept {
         for (unsigned spins = 0; locked_.exchange(true, std::memory_order_acquire);) {
             // Wait on a plain load so the cache line stays shared until the holder lets go.
             while (locked_.load(std::memory_order_relaxed)) {
@@ -21,10 +32,7 @@ public:
             }
         }
     }
-    bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
-private:
     static constexpr unsigned spins_before_yield = 64;
     std::atomic<bool> locked_{false};
 };

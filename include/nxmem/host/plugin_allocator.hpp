@@ -16,14 +16,14 @@ template <Device D> class shared_mapping_view;
 
 namespace detail {
 template <Device D> NxmemAllocation to_wire(const allocation<D>& live) {
-    auto described = abi::make_struct<NxmemAllocation>();
-    described.mechanism_id = live.mechanism_id;
-    described.device = live.device.to_wire();
-    described.allocation_id = live.allocation_id;
-    described.address = D::to_wire(live.address);
-    described.size = live.size;
-    described.alignment = live.alignment;
-    return described;
+    return NxmemAllocation{.struct_size = sizeof(NxmemAllocation),
+                           .reserved = 0,
+                           .mechanism_id = live.mechanism_id,
+                           .device = live.device.to_wire(),
+                           .allocation_id = live.allocation_id,
+                           .address = D::to_wire(live.address),
+                           .size = live.size,
+                           .alignment = live.alignment};
 }
 template <Device D> allocation<D> from_wire(const NxmemAllocation& described) {
     return allocation<D>{D::from_wire(described.address), described.size, described.alignment,
@@ -42,8 +42,8 @@ public:
 
     // allocation_id is assigned by the host: unique in the process, never reused (docs/ABI.md M3).
     result<allocation<D>> allocate(std::uint64_t size, std::uint64_t alignment) {
-        NXMEM_TRY(described, core_->allocate(size, alignment));
-        return detail::from_wire<D>(described);
+        return core_->allocate(size, alignment,
+                               [](const NxmemAllocation& described) { return detail::from_wire<D>(described); });
     }
 
     // Mechanism and device are checked, then the description against the live record, before

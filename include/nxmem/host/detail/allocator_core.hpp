@@ -24,6 +24,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -111,7 +112,8 @@ public:
     allocator_core(private_tag, std::shared_ptr<plugin_module> module, const factory_info& factory,
                    device_id device, reclaim_function reclaim)
         : module_(std::move(module)), reclaim_(std::move(reclaim)), device_(device),
-          mechanism_id_(factory.mechanism_id), mechanism_name_(factory.name) {
+          wire_device_(device.to_wire()), mechanism_id_(factory.mechanism_id),
+          mechanism_name_(factory.name) {
         tables_.reserve(2); // accept() records the capability tables without allocating
         module_->tally_.allocators.fetch_add(1);
         callbacks_ = abi::make_struct<NxmemHostCallbacks>();
@@ -181,7 +183,14 @@ public:
 
     // Size 0 and an alignment that is not a power of two are refused before the plugin is called.
     result<NxmemAllocation> allocate(std::uint64_t size, std::uint64_t alignment) {
-        return contain("allocate", [&] { return allocate_unguarded(size, alignment); });
+        return allocate(size, alignment, [](const NxmemAllocation& described) { return described; });
+    }
+    // The same, handing the new allocation's description to `made`, whose value is returned: a
+    // typed caller builds its own result once instead of converting this one.
+    template <class Made>
+    auto allocate(std::uint64_t size, std::uint64_t alignment, Made&& made)
+        -> result<std::invoke_result_t<Made&, const NxmemAllocation&>> {
+        return contain("allocate", [&] { return allocate_unguarded(size, alignment, made); });
     }
 
     // Releases through release_allocation when the mechanism offers it, else deallocate.
@@ -211,48 +220,44 @@ public:
     }
 
 private:
-    result<NxmemAllocation> allocate_unguarded(std::uint64_t size, std::uint64_t alignment) {
-        if (size == 0) {
-            return fail(status_code::invalid_argument,
-                        "allocate: size 0 (an allocation is at least one byte)");
+    template <class Made>
+    auto allocate_unguarded(std::uint64_t size, std::uint64_t alignment, Made& made)
+        -> result<std::invoke_result_t<Made&, const NxmemAllocation&>> {
+        // Not std::has_single_bit: without -mpopcnt it is a call into libgcc.
+        const bool power_of_two = alignment != 0 && (alignment & (alignment - 1)) == 0;
+        if (size == 0 || !power_of_two || size > live_record::max_size) [[unlikely]] {
+            return refused_request(size, alignment);
         }
-        if (!std::has_single_bit(alignment)) {
-            return fail(status_code::invalid_argument,
-                        "allocate: alignment " + std::to_string(alignment) +
-                            " is not a power of two");
-        }
-        if (size > live_record::max_size) {
-            return fail(status_code::out_of_memory,
-                        "allocate: '" + mechanism_name_ + "' cannot be asked for " +
-                            std::to_string(size) + " bytes: the host records sizes up to 2^57 - 1 "
-                            "bytes, more than any address space maps");
-        }
-        auto request = abi::make_struct<NxmemAllocRequest>();
-        request.mechanism_id = mechanism_id_;
-        request.device = device_.to_wire();
-        request.allocation_id = module_->allocation_ids_.next();
-        request.size = size;
-        request.alignment = alignment;
-        auto produced = abi::make_struct<NxmemAllocResult>();
+        const NxmemAllocRequest request{.struct_size = sizeof(NxmemAllocRequest),
+                                        .flags = 0,
+                                        .mechanism_id = mechanism_id_,
+                                        .device = wire_device_,
+                                        .allocation_id = module_->allocation_ids_.next(),
+                                        .size = size,
+                                        .alignment = alignment};
+        NxmemAllocResult produced{.struct_size = sizeof(NxmemAllocResult),
+                                  .reserved = 0,
+                                  .address = 0,
+                                  .size = 0,
+                                  .mapped_bytes = 0};
         NxmemStatus status;
         prepare_status(status);
         const NxmemStatusCode code = table_.allocate(raw_, &request, &produced, &status);
-        if (code != NXMEM_STATUS_OK) {
-            return fail(status_code_from_wire(code), abi::read_status_message(status));
+        if (code != NXMEM_STATUS_OK) [[unlikely]] {
+            return plugin_refusal(code, status);
         }
-        NxmemAllocation described = abi::make_struct<NxmemAllocation>();
-        described.mechanism_id = mechanism_id_;
-        described.device = request.device;
-        described.allocation_id = request.allocation_id;
-        described.address = produced.address;
-        described.size = size;
-        described.alignment = alignment;
+        const NxmemAllocation described{.struct_size = sizeof(NxmemAllocation),
+                                        .reserved = 0,
+                                        .mechanism_id = mechanism_id_,
+                                        .device = wire_device_,
+                                        .allocation_id = request.allocation_id,
+                                        .address = produced.address,
+                                        .size = size,
+                                        .alignment = alignment};
         const bool sane = produced.address != 0 && (produced.address & (alignment - 1)) == 0 &&
                           produced.size >= size && !reissues_quarantined(produced.address);
-        if (!sane) {
-            // The plugin broke the contract; it still gets its allocation back.
-            (void)table_.deallocate(raw_, &described, &status);
-            return fail(status_code::contract_violation, describe_bad_allocation(produced, size, alignment));
+        if (!sane) [[unlikely]] {
+            return refuse_bad_allocation(described, produced);
         }
         try {
             live_.insert(described.allocation_id, live_record(described.address, size, alignment));
@@ -260,34 +265,82 @@ private:
             (void)table_.deallocate(raw_, &described, &status); // no record, no allocation
             throw;
         }
-        return described;
+        return made(described);
     }
 
     result<release_report> release_unguarded(const NxmemAllocation& described) {
-        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
-        NXMEM_TRY(record, live_.claim(described));
+        if (!identifies_this(described.mechanism_id, described.device)) [[unlikely]] {
+            return identity_error(described.mechanism_id, described.device);
+        }
+        live_record record;
+        live_table::position at;
+        const live_table::verdict claimed = live_.claim(described, record, at);
+        if (claimed != live_table::verdict::accepted) [[unlikely]] {
+            return live_table::refusal(claimed, described, record);
+        }
         NxmemStatus status;
         prepare_status(status);
         if (table_.release_allocation == nullptr) {
             const NxmemStatusCode code = table_.deallocate(raw_, &described, &status);
-            if (code != NXMEM_STATUS_OK) {
+            if (code != NXMEM_STATUS_OK) [[unlikely]] {
                 live_.unclaim(described.allocation_id); // nothing changed
                 return plugin_failure(code, status);
             }
-            live_.erase_claimed(described.allocation_id);
+            live_.erase_claimed(described.allocation_id, at);
             return release_report{release_state::complete, record.size(), 0};
         }
-        auto outcome = abi::make_struct<NxmemReleaseOutcome>();
+        NxmemReleaseOutcome outcome{.struct_size = sizeof(NxmemReleaseOutcome),
+                                    .state = 0,
+                                    .unmapped_bytes = 0,
+                                    .residual_owned_bytes = 0};
         const NxmemStatusCode code = table_.release_allocation(raw_, &described, &outcome, &status);
-        if (code != NXMEM_STATUS_OK || outcome.state == NXMEM_RELEASE_FAILED) {
+        if (code != NXMEM_STATUS_OK || outcome.state == NXMEM_RELEASE_FAILED) [[unlikely]] {
             live_.unclaim(described.allocation_id); // FAILED: as live as before
-            return fail(code != NXMEM_STATUS_OK ? status_code_from_wire(code)
-                                                : status_code::internal_error,
-                        "release failed, the allocation is still live: " +
-                            abi::read_status_message(status));
+            return release_failure(code, status);
         }
-        live_.erase_claimed(described.allocation_id);
+        live_.erase_claimed(described.allocation_id, at);
+        if (outcome.state == NXMEM_RELEASE_COMPLETE) [[likely]] {
+            return release_report{release_state::complete, outcome.unmapped_bytes, 0};
+        }
         return interpret(outcome, record);
+    }
+
+    // Why allocate refused a request before calling the plugin.
+    [[gnu::noinline, gnu::cold]] error refused_request(std::uint64_t size, std::uint64_t alignment) const {
+        if (size == 0) {
+            return error{status_code::invalid_argument,
+                         "allocate: size 0 (an allocation is at least one byte)"};
+        }
+        if (!std::has_single_bit(alignment)) {
+            return error{status_code::invalid_argument,
+                         "allocate: alignment " + std::to_string(alignment) + " is not a power of two"};
+        }
+        return error{status_code::out_of_memory,
+                     "allocate: '" + mechanism_name_ + "' cannot be asked for " +
+                         std::to_string(size) + " bytes: the host records sizes up to 2^57 - 1 "
+                         "bytes, more than any address space maps"};
+    }
+
+    // The plugin broke the contract with a new allocation; it still gets the allocation back.
+    [[gnu::noinline, gnu::cold]] error refuse_bad_allocation(const NxmemAllocation& described,
+                                                             const NxmemAllocResult& produced) {
+        NxmemStatus status;
+        prepare_status(status);
+        (void)table_.deallocate(raw_, &described, &status);
+        return error{status_code::contract_violation,
+                     describe_bad_allocation(produced, described.size, described.alignment)};
+    }
+
+    // The plugin's refusal with its message (out of memory copying it: the caller's guard says so).
+    [[gnu::noinline, gnu::cold]] static error plugin_refusal(NxmemStatusCode code,
+                                                             const NxmemStatus& status) {
+        return error{status_code_from_wire(code), abi::read_status_message(status)};
+    }
+
+    [[gnu::noinline, gnu::cold]] static error release_failure(NxmemStatusCode code,
+                                                              const NxmemStatus& status) {
+        return error{code != NXMEM_STATUS_OK ? status_code_from_wire(code) : status_code::internal_error,
+                     "release failed, the allocation is still live: " + abi::read_status_message(status)};
     }
 
     // Everything that can fail for lack of memory happens before the plugin is called: the
@@ -603,27 +656,30 @@ private:
         }
     }
 
+    bool identifies_this(std::uint64_t mechanism_id, const NxmemDeviceId& device) const noexcept {
+        return mechanism_id == mechanism_id_ && device.device_type == device_.type &&
+               device.index == device_.index;
+    }
     result<void> check_identity(std::uint64_t mechanism_id, const NxmemDeviceId& device) const {
-        if (mechanism_id == mechanism_id_ && device.device_type == device_.type &&
-            device.index == device_.index) [[likely]] {
+        if (identifies_this(mechanism_id, device)) [[likely]] {
             return boost::outcome_v2::success();
         }
         return identity_error(mechanism_id, device);
     }
-    // Why check_identity refused: built only when it does.
-    [[gnu::noinline, gnu::cold]] result<void> identity_error(std::uint64_t mechanism_id,
-                                                             const NxmemDeviceId& device) const {
+    // Why an object was refused as another allocator's: built only when it is.
+    [[gnu::noinline, gnu::cold]] error identity_error(std::uint64_t mechanism_id,
+                                                      const NxmemDeviceId& device) const {
         if (mechanism_id != mechanism_id_) {
-            return fail(status_code::wrong_mechanism,
-                        "an object of mechanism " + std::to_string(mechanism_id) +
-                            " was handed to '" + mechanism_name_ + "' (mechanism " +
-                            std::to_string(mechanism_id_) + ")");
+            return error{status_code::wrong_mechanism,
+                         "an object of mechanism " + std::to_string(mechanism_id) +
+                             " was handed to '" + mechanism_name_ + "' (mechanism " +
+                             std::to_string(mechanism_id_) + ")"};
         }
-        return fail(status_code::wrong_device,
-                    "an object of device " + std::string(device_type_name(device.device_type)) +
-                        ":" + std::to_string(device.index) + " was handed to an allocator of " +
-                        std::string(device_type_name(device_.type)) + ":" +
-                        std::to_string(device_.index));
+        return error{status_code::wrong_device,
+                     "an object of device " + std::string(device_type_name(device.device_type)) +
+                         ":" + std::to_string(device.index) + " was handed to an allocator of " +
+                         std::string(device_type_name(device_.type)) + ":" +
+                         std::to_string(device_.index)};
     }
 
     bool reissues_quarantined(std::uint64_t address) {
@@ -805,6 +861,7 @@ private:
     std::optional<NxmemSharedMappingVtable> shared_mapping_;
     std::vector<capability_table_level> tables_;
     device_id device_;
+    NxmemDeviceId wire_device_; // device_, as every request names it
     std::uint64_t mechanism_id_;
     std::string mechanism_name_;
     live_table live_;

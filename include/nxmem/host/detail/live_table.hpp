@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nxmem/abi/result.hpp>
+#include <nxmem/detail/allocation_id_source.hpp>
 #include <nxmem/detail/hex.hpp>
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/nxmem_memory_abi.h>
@@ -49,56 +50,106 @@ private:
 static_assert(sizeof(live_record) == 16);
 
 class live_table {
-    // Accepts the record only if it exists and matches the host's description.
-    static auto matcher(const NxmemAllocation& described) {
-        return [&described](const live_record* record) -> result<void> {
-            if (record == nullptr || record->releasing()) [[unlikely]] {
-                return fail(status_code::unknown_allocation,
-                            "no live allocation with id " + std::to_string(described.allocation_id) +
-                                " (address 0x" + nxmem::detail::to_hex(described.address) +
-                                ") in this allocator" +
-                                (record != nullptr ? " (it is being released)" : ""));
-            }
-            if (record->address() != described.address || record->size() != described.size ||
-                record->alignment() != described.alignment) [[unlikely]] {
-                return fail(status_code::invalid_argument,
-                            "misdescribed allocation " + std::to_string(described.allocation_id) +
-                                ": address 0x" + nxmem::detail::to_hex(described.address) +
-                                ", size " + std::to_string(described.size) + ", alignment " +
-                                std::to_string(described.alignment) + " but the live one is at 0x" +
-                                nxmem::detail::to_hex(record->address()) + ", size " +
-                                std::to_string(record->size()) + ", alignment " +
-                                std::to_string(record->alignment()));
-            }
-            return boost::outcome_v2::success();
-        };
-    }
+    using table = nxmem::detail::sharded_table<live_record, nxmem::detail::shard_by_lane>;
 
 public:
     // The bytes one record takes in its slot, id included.
-    static constexpr std::size_t slot_bytes = nxmem::detail::sharded_table<live_record>::slot_bytes;
+    static constexpr std::size_t slot_bytes = table::slot_bytes;
+    // Where claim found a record (a hint for erase_claimed).
+    using position = table::position;
+
+    // How a description compares with the record at its id.
+    enum class verdict { accepted, unknown, being_released, misdescribed };
+
+    static verdict compare(const live_record* record, const NxmemAllocation& described) noexcept {
+        if (record == nullptr) [[unlikely]] {
+            return verdict::unknown;
+        }
+        if (record->releasing()) [[unlikely]] {
+            return verdict::being_released;
+        }
+        if (record->address() != described.address || record->size() != described.size ||
+            record->alignment() != described.alignment) [[unlikely]] {
+            return verdict::misdescribed;
+        }
+        return verdict::accepted;
+    }
+
+    // Why a description was refused; `record` is the live one (unused for an unknown id). Built
+    // out of line, only on refusal.
+    [[gnu::noinline, gnu::cold]] static error refusal(verdict refused, const NxmemAllocation& described,
+                                                     const live_record& record) {
+        if (refused != verdict::misdescribed) {
+            return error{status_code::unknown_allocation,
+                         "no live allocation with id " + std::to_string(described.allocation_id) +
+                             " (address 0x" + nxmem::detail::to_hex(described.address) +
+                             ") in this allocator" +
+                             (refused == verdict::being_released ? " (it is being released)" : "")};
+        }
+        return error{status_code::invalid_argument,
+                     "misdescribed allocation " + std::to_string(described.allocation_id) +
+                         ": address 0x" + nxmem::detail::to_hex(described.address) + ", size " +
+                         std::to_string(described.size) + ", alignment " +
+                         std::to_string(described.alignment) + " but the live one is at 0x" +
+                         nxmem::detail::to_hex(record.address()) + ", size " +
+                         std::to_string(record.size()) + ", alignment " +
+                         std::to_string(record.alignment())};
+    }
 
     // Throws std::bad_alloc, changing nothing, when the table must grow and cannot.
     void insert(std::uint64_t allocation_id, const live_record& record) {
         records_.insert(allocation_id, record);
     }
 
-    // Marks the record releasing if the description matches it; refuses an unknown id, a record
-    // already being released or a description that does not match, leaving the table unchanged.
+    // Marks the record releasing if the description matches it, and copies it to `claimed` (the
+    // live record is copied on a mismatch too, for the refusal's message). An unknown id, a record
+    // already being released or a description that does not match leave the table unchanged.
+    verdict claim(const NxmemAllocation& described, live_record& claimed, position& at) noexcept {
+        return records_.visit(described.allocation_id, [&](live_record* record) noexcept {
+            const verdict found = compare(record, described);
+            if (found == verdict::accepted) [[likely]] {
+                record->mark_releasing(true);
+            }
+            if (record != nullptr) {
+                claimed = *record;
+            }
+            return found;
+        }, at);
+    }
+    // claim, with the refusal as an error.
     result<live_record> claim(const NxmemAllocation& described) {
-        return records_.modify(described.allocation_id, matcher(described),
-                               [](live_record& record) { record.mark_releasing(true); });
+        live_record claimed;
+        position ignored;
+        const verdict found = claim(described, claimed, ignored);
+        if (found != verdict::accepted) [[unlikely]] {
+            return refusal(found, described, claimed);
+        }
+        return claimed;
     }
     // The claimed allocation is gone: erases its record (allocates nothing; the table gives memory
     // back when it has become sparse and memory can be had for the smaller array).
-    void erase_claimed(std::uint64_t allocation_id) noexcept { (void)records_.erase(allocation_id); }
+    // `at`, where claim found the record, spares a second lookup.
+    void erase_claimed(std::uint64_t allocation_id, position at = {}) noexcept {
+        (void)records_.erase(allocation_id, at);
+    }
     // The claimed allocation is as live as before (allocates nothing).
     void unclaim(std::uint64_t allocation_id) noexcept {
         (void)records_.update(allocation_id, [](live_record& record) { record.mark_releasing(false); });
     }
 
+    // The record, if the description matches it and it is not being released.
     result<live_record> find(const NxmemAllocation& described) {
-        return records_.find(described.allocation_id, matcher(described));
+        live_record found;
+        const verdict compared = records_.visit(described.allocation_id, [&](live_record* record) noexcept {
+            if (record != nullptr) {
+                found = *record;
+            }
+            return compare(record, described);
+        });
+        if (compared != verdict::accepted) [[unlikely]] {
+            return refusal(compared, described, found);
+        }
+        return found;
     }
 
     // Removes every record, handing each to `each(allocation_id, live_record&&)` with no lock held;
@@ -113,7 +164,10 @@ public:
     std::size_t bytes() const noexcept { return records_.bytes(); }
 
 private:
-    nxmem::detail::sharded_table<live_record> records_;
+    // Ids come from the module's allocation_id_source: a shard per id lane, so each thread
+    // allocating from this allocator keeps to a shard of its own.
+    static_assert(nxmem::detail::allocation_id_source::lanes == table::shard_count);
+    table records_;
 };
 
 } // namespace nxmem::host::detail
