@@ -4,6 +4,9 @@
 // It costs what malloc costs: within malloc's own alignment it is malloc and free; allocation ids
 // come from the allocator's sixteen padded counters (nxmem/detail/allocation_id_source.hpp), a
 // thread always from the same one, so threads on different counters share no cache line.
+// A thread holds its counter in a thread_local whose destructor frees it at thread exit: code that
+// must unload (a plugin's .so) should not use heap_allocator, as glibc keeps a module with live
+// thread_local destructors mapped until those threads exit.
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
