@@ -12,6 +12,7 @@
 #include <nxmem/host.hpp>
 #include <nxmem/plugin/mechanism.hpp>
 
+#include <concepts>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -141,6 +142,20 @@ public:
             return mechanism_->deallocate(live).has_value();
         }
     }
+    // What the kit pays around its mechanism and no more: the record built in place (the kit
+    // keeps one per allocation) and handed by reference, without an optional or a copy of it.
+    bool round_trip(std::uint64_t size, std::uint64_t alignment) {
+        result<plugin::block> made = mechanism_->allocate(size, alignment);
+        if (!made) {
+            return false;
+        }
+        handle record;
+        record.address = made.assume_value().address;
+        record.size = size;
+        record.alignment = alignment;
+        record.allocation_id = next_id_++;
+        return release(record);
+    }
     M& mechanism() noexcept { return *mechanism_; }
 
 private:
@@ -181,10 +196,15 @@ private:
     heap_allocator heap_;
 };
 
-// One allocate + release; false when either failed.
+// One allocate + release; false when either failed. A route whose handle costs more to pass
+// around than its callers pay (mechanism_route) makes the round trip itself.
 template <class Route> inline bool round_trip(Route& route, std::uint64_t size, std::uint64_t alignment) {
-    std::optional<typename Route::handle> made = route.allocate(size, alignment);
-    return made.has_value() && route.release(*made);
+    if constexpr (requires { { route.round_trip(size, alignment) } -> std::same_as<bool>; }) {
+        return route.round_trip(size, alignment);
+    } else {
+        std::optional<typename Route::handle> made = route.allocate(size, alignment);
+        return made.has_value() && route.release(*made);
+    }
 }
 
 // The alignment every round trip asks for: what malloc guarantees, so all routes do the same work.
