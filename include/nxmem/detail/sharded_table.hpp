@@ -106,10 +106,23 @@ public:
     template <class Match> result<Record> take(std::uint64_t key, Match&& match) {
         shard& owner = shard_of(key);
         std::lock_guard lock(owner.lock);
-        Record* found = owner.find(key);
-        NXMEM_TRY_VOID(match(static_cast<const Record*>(found)));
-        owner.shrink_if_sparse(1); // before the removal, so the record fits back
-        return owner.remove(key);
+        const std::size_t at = owner.slot_of(key);
+        NXMEM_TRY_VOID(match(static_cast<const Record*>(owner.record_at(key, at))));
+        return owner.take_found(key, at);
+    }
+
+    // take without a result: `match(const Record*)` returns a plain verdict (true accepts), so
+    // the success path builds no error; on acceptance the record is moved into `taken`. Returns
+    // match's verdict.
+    template <class Match> auto take_into(std::uint64_t key, Record& taken, Match&& match) {
+        shard& owner = shard_of(key);
+        std::lock_guard lock(owner.lock);
+        const std::size_t at = owner.slot_of(key);
+        auto verdict = match(static_cast<const Record*>(owner.record_at(key, at)));
+        if (static_cast<bool>(verdict)) [[likely]] {
+            taken = owner.take_found(key, at);
+        }
+        return verdict;
     }
 
     // Removes the record at `key`, if there is one; never allocates, never fails. `seen`, where
@@ -293,6 +306,31 @@ private:
                     return not_found;
                 }
             }
+        }
+
+        // index_of, also for empty_key (not_found when absent; the slot index is unused then).
+        std::size_t slot_of(std::uint64_t key) const noexcept {
+            if (key == empty_key) {
+                return has_empty_key ? 0 : not_found;
+            }
+            return index_of(key);
+        }
+        Record* record_at(std::uint64_t key, std::size_t at) noexcept {
+            if (at == not_found) {
+                return nullptr;
+            }
+            return key == empty_key ? &empty_key_record : &slots[at].record;
+        }
+        // Removes the record slot_of found, with no second probe. Whether the shard is sparse is
+        // judged with the record still counted and the shrink keeps room for it, so putting it
+        // back never allocates (the same sizes as shrinking before the removal).
+        Record take_found(std::uint64_t key, std::size_t at) noexcept {
+            const bool sparse = capacity > min_capacity && count * 25 < capacity * 9;
+            Record taken = key == empty_key ? remove(key) : remove_at(at);
+            if (sparse) [[unlikely]] {
+                shrink(2); // the removed record and one more, as shrink_if_sparse(1) before it
+            }
+            return taken;
         }
 
         // index_of, out of line: for erase, whose caller mostly knows the slot already.
