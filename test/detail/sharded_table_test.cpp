@@ -341,3 +341,49 @@ TEST_CASE("a new thread never lands on the lane of a thread still running", "[ta
         REQUIRE(theirs != mine);
     }
 }
+
+TEST_CASE("a steady insert/erase loop never reallocates, whatever the live count", "[table]") {
+    // One record in, one out, with 0, 1, 5 or 40 others live: the shard must settle at a size
+    // that fits both counts, not shrink on each erase and grow on the next insert.
+    for (const std::uint64_t live : {0, 1, 5, 40}) {
+        for (const bool warmed : {false, true}) {
+            nxmem::detail::sharded_table<std::uint64_t, nxmem::detail::shard_by_lane> lanes;
+            table hashed;
+            std::uint64_t id = 1; // one lane: ids 1, 17, 33, ... (what one thread draws)
+            if (warmed) { // a shard grown large and shrunk back down first
+                for (std::uint64_t i = 0; i < 5000; ++i) {
+                    lanes.insert(1 + 16 * i, i);
+                    hashed.insert(64 * (i + 1), i);
+                }
+                for (std::uint64_t i = 0; i < 5000; ++i) {
+                    lanes.erase(1 + 16 * i);
+                    hashed.erase(64 * (i + 1));
+                }
+            }
+            for (std::uint64_t i = 0; i < live; ++i, id += 16) {
+                lanes.insert(id, i);
+                hashed.insert(id * 64, i);
+            }
+            // Let both settle, then count.
+            for (int cycle = 0; cycle < 100; ++cycle, id += 16) {
+                lanes.insert(id, 0);
+                lanes.erase(id);
+                hashed.insert(id * 64, 0);
+                REQUIRE(hashed.take(id * 64, present()));
+            }
+            bool all_taken = true;
+            const std::size_t before = allocations;
+            for (int cycle = 0; cycle < 1000; ++cycle, id += 16) {
+                lanes.insert(id, 0);
+                lanes.erase(id);
+                hashed.insert(id * 64, 0);
+                all_taken = hashed.take(id * 64, present()).has_value() && all_taken;
+            }
+            const std::size_t after = allocations; // before Catch's own allocations
+            INFO("live " << live << (warmed ? ", after a mass release" : ""));
+            CHECK(all_taken);
+            CHECK(after == before);
+            CHECK(lanes.size() == live);
+        }
+    }
+}

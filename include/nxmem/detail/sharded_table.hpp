@@ -106,17 +106,52 @@ public:
     template <class Match> result<Record> take(std::uint64_t key, Match&& match) {
         shard& owner = shard_of(key);
         std::lock_guard lock(owner.lock);
-        Record* found = owner.find(key);
-        NXMEM_TRY_VOID(match(static_cast<const Record*>(found)));
-        owner.shrink_if_sparse(1); // before the removal, so the record fits back
-        return owner.remove(key);
+        const std::size_t at = owner.slot_of(key);
+        NXMEM_TRY_VOID(match(static_cast<const Record*>(owner.record_at(key, at))));
+        return owner.take_found(key, at);
+    }
+
+    // take without a result: `match(const Record*)` returns a plain verdict (true accepts), so
+    // the success path builds no error; on acceptance the record is moved into `taken`. Returns
+    // match's verdict.
+    template <class Match> auto take_into(std::uint64_t key, Record& taken, Match&& match) {
+        shard& owner = shard_of(key);
+        std::lock_guard lock(owner.lock);
+        const std::size_t at = owner.slot_of(key);
+        auto verdict = match(static_cast<const Record*>(owner.record_at(key, at)));
+        if (static_cast<bool>(verdict)) [[likely]] {
+            taken = owner.take_found(key, at);
+        }
+        return verdict;
     }
 
     // Removes the record at `key`, if there is one; never allocates, never fails. `seen`, where
     // visit found the record, spares the lookup while the record is still there.
     bool erase(std::uint64_t key, position seen = {}) noexcept {
         shard& owner = shard_of(key);
-        std::lock_guard lock(owner.lock);
+        owner.lock.lock();
+        // Fast path, with no call in it so the inlined erase saves no registers: the record is
+        // where visit saw it, nothing after it needs shifting back and no shrink is due.
+        if (seen.slot < owner.capacity && owner.slots[seen.slot].key == key && key != empty_key)
+            [[likely]] {
+            const std::size_t after = owner.next(seen.slot);
+            if ((owner.slots[after].key == empty_key || owner.distance(after) == 0) &&
+                !owner.sparse_after_removal()) [[likely]] {
+                --owner.count;
+                owner.published_count.store(owner.count, std::memory_order_relaxed);
+                owner.slots[seen.slot].key = empty_key;
+                owner.slots[seen.slot].record = Record{};
+                owner.lock.unlock();
+                return true;
+            }
+        }
+        return erase_locked(owner, key, seen);
+    }
+
+private:
+    // erase's general case, entered with the shard's lock held; drops it.
+    [[gnu::noinline]] static bool erase_locked(auto& owner, std::uint64_t key, position seen) noexcept {
+        std::lock_guard lock(owner.lock, std::adopt_lock);
         if (key == empty_key) {
             if (!owner.has_empty_key) {
                 return false;
@@ -134,6 +169,7 @@ public:
         return true;
     }
 
+public:
     // A copy of the record at `key`, if `match` accepts it.
     template <class Match> result<Record> find(std::uint64_t key, Match&& match) {
         shard& owner = shard_of(key);
@@ -295,6 +331,31 @@ private:
             }
         }
 
+        // index_of, also for empty_key (not_found when absent; the slot index is unused then).
+        std::size_t slot_of(std::uint64_t key) const noexcept {
+            if (key == empty_key) {
+                return has_empty_key ? 0 : not_found;
+            }
+            return index_of(key);
+        }
+        Record* record_at(std::uint64_t key, std::size_t at) noexcept {
+            if (at == not_found) {
+                return nullptr;
+            }
+            return key == empty_key ? &empty_key_record : &slots[at].record;
+        }
+        // Removes the record slot_of found, with no second probe. Whether the shard is sparse is
+        // judged with the record still counted and the shrink keeps room for it, so putting it
+        // back never allocates (the same sizes as shrinking before the removal).
+        Record take_found(std::uint64_t key, std::size_t at) noexcept {
+            const bool sparse = capacity > min_capacity && count * 25 < capacity * 9;
+            Record taken = key == empty_key ? remove(key) : remove_at(at);
+            if (sparse) [[unlikely]] {
+                shrink(2); // the removed record and one more, as shrink_if_sparse(1) before it
+            }
+            return taken;
+        }
+
         // index_of, out of line: for erase, whose caller mostly knows the slot already.
         [[gnu::noinline]] std::size_t look_up(std::uint64_t key) const noexcept { return index_of(key); }
 
@@ -406,6 +467,10 @@ private:
 
         // Gives memory back once the shard is under 36% full, keeping room for `spare` more
         // records; skipped (the shard stays as it is) when the smaller array cannot be had.
+        // Whether removing one record leaves the shard sparse enough to shrink.
+        bool sparse_after_removal() const noexcept {
+            return capacity > min_capacity && (count - 1) * 25 < capacity * 9;
+        }
         void shrink_if_sparse(std::size_t spare) noexcept {
             if (capacity <= min_capacity || count * 25 >= capacity * 9) [[likely]] {
                 return;

@@ -90,6 +90,7 @@ class allocation_registry {
     struct verdict {
         bool accepted = false;
         bool has_value() const noexcept { return accepted; }
+        explicit operator bool() const noexcept { return accepted; }
         nxmem::error error() const noexcept { return {}; }
     };
 
@@ -159,13 +160,14 @@ public:
     // record in place, and says why in `why`. One hold of the shard's lock; no text, no
     // allocation on success.
     bool take(const NxmemAllocation& described, allocation_record& taken, registry_refusal& why) {
-        result<packed_record> removed = records_.take(
-            described.address, [&](const packed_record* found) { return judge(described, found, why); });
-        if (!removed.has_value()) [[unlikely]] {
+        packed_record packed;
+        const verdict accepted = records_.take_into(
+            described.address, packed,
+            [&](const packed_record* found) { return judge(described, found, why); });
+        if (!accepted.accepted) [[unlikely]] {
             return false;
         }
         fill(described, taken);
-        const packed_record& packed = removed.assume_value();
         if (packed.oversized() || packed.maps_prefixes()) [[unlikely]] {
             drop_side_entries(described.address, taken);
         }
@@ -175,10 +177,11 @@ public:
     // Fills `found` with a copy of the record the host described, without its prefixes; refuses
     // as take does.
     bool find(const NxmemAllocation& described, allocation_record& found, registry_refusal& why) {
-        const bool accepted = records_.find(described.address, [&](const packed_record* record) {
+        // visit: one probe, and a plain verdict rather than a result carrying a copy.
+        const verdict accepted = records_.visit(described.address, [&](const packed_record* record) {
             return judge(described, record, why);
-        }).has_value();
-        if (!accepted) [[unlikely]] {
+        });
+        if (!accepted.accepted) [[unlikely]] {
             return false;
         }
         fill(described, found);
