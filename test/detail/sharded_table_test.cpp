@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <algorithm>
+#include <latch>
 #include <map>
 #include <memory>
 #include <new>
@@ -386,4 +388,33 @@ TEST_CASE("a steady insert/erase loop never reallocates, whatever the live count
             CHECK(lanes.size() == live);
         }
     }
+}
+
+TEST_CASE("allocation ids stay unique when more threads draw at once than there are lanes", "[ids]") {
+    // Fifteen threads own a lane each and add without a locked instruction; the rest share the
+    // last lane with atomic adds. All alive together, so no lane is handed over meanwhile.
+    constexpr std::size_t threads = nxmem::detail::allocation_id_source::lanes + 8;
+    constexpr int per_thread = 2000;
+    nxmem::detail::allocation_id_source ids;
+    std::vector<std::vector<std::uint64_t>> drawn(threads);
+    std::latch all_alive(static_cast<std::ptrdiff_t>(threads));
+    std::vector<std::thread> workers;
+    for (std::size_t t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+            all_alive.arrive_and_wait();
+            for (int i = 0; i < per_thread; ++i) {
+                drawn[t].push_back(ids.next());
+            }
+        });
+    }
+    for (std::thread& worker : workers) {
+        worker.join();
+    }
+    std::set<std::uint64_t> unique;
+    for (const auto& mine : drawn) {
+        CHECK(std::is_sorted(mine.begin(), mine.end())); // increasing per thread (M3)
+        unique.insert(mine.begin(), mine.end());
+    }
+    CHECK(unique.size() == threads * per_thread);
+    CHECK(unique.count(0) == 0);
 }

@@ -20,6 +20,8 @@ namespace nxmem::detail {
 class allocation_id_source {
 public:
     static constexpr std::size_t lanes = 16;
+    // The lane that threads beyond the first fifteen alive at once share.
+    static constexpr std::size_t shared_lane = lanes - 1;
     static_assert(lanes <= 32, "the lanes held are bits of one 32-bit word");
 
     allocation_id_source() noexcept {
@@ -29,21 +31,26 @@ public:
     }
 
     std::uint64_t next() noexcept {
-        return lanes_[lane_of_this_thread()].next.fetch_add(lanes, std::memory_order_relaxed);
+        const lane_lease& lease = lease_of_this_thread();
+        std::atomic<std::uint64_t>& counter = lanes_[lease.lane()].next;
+        if (lease.owned()) [[likely]] {
+            // Only this thread writes a lane it holds: a plain add, no locked instruction. The
+            // lease's hand-over (release on exit, acquire on take) orders it with the next holder.
+            const std::uint64_t id = counter.load(std::memory_order_relaxed);
+            counter.store(id + lanes, std::memory_order_relaxed);
+            return id;
+        }
+        return counter.fetch_add(lanes, std::memory_order_relaxed);
     }
 
 private:
     // A thread holds a lane from its first allocation until it exits; a new thread takes the
-    // lowest lane no live thread holds, so up to sixteen threads alive at once never share one
-    // (with more, the extra threads share lanes dealt in turn: slower, never wrong). The lanes
-    // held are per program (or per copy of this code): uniqueness never depends on them.
+    // lowest of the first fifteen lanes no live thread holds. Threads beyond fifteen alive at once
+    // share the last lane, with atomic read-modify-writes (slower, never wrong), so a held lane
+    // has exactly one writer. The lanes held are per program (or per copy of this code).
     class lane_lease {
     public:
-        lane_lease() noexcept : lane_(take()), owned_(lane_ < lanes) {
-            if (!owned_) {
-                lane_ = dealt().fetch_add(1, std::memory_order_relaxed) % lanes;
-            }
-        }
+        lane_lease() noexcept : lane_(take()), owned_(lane_ < shared_lane) {}
         ~lane_lease() {
             if (owned_) {
                 held().fetch_and(~(std::uint32_t{1} << lane_), std::memory_order_release);
@@ -52,15 +59,16 @@ private:
         lane_lease(const lane_lease&) = delete;
         lane_lease& operator=(const lane_lease&) = delete;
         std::size_t lane() const noexcept { return lane_; }
+        bool owned() const noexcept { return owned_; }
 
     private:
-        // The lowest lane nobody holds, now held; `lanes` when all are.
+        // The lowest ownable lane nobody holds, now held; the shared lane when all are.
         static std::size_t take() noexcept {
             std::uint32_t taken = held().load(std::memory_order_relaxed);
             for (;;) {
-                const std::uint32_t free = ~taken & ((std::uint32_t{1} << lanes) - 1);
+                const std::uint32_t free = ~taken & ((std::uint32_t{1} << shared_lane) - 1);
                 if (free == 0) {
-                    return lanes;
+                    return shared_lane;
                 }
                 const auto lane = static_cast<std::size_t>(std::countr_zero(free));
                 if (held().compare_exchange_weak(taken, taken | (std::uint32_t{1} << lane),
@@ -73,18 +81,14 @@ private:
             static std::atomic<std::uint32_t> lanes_held{0};
             return lanes_held;
         }
-        static std::atomic<std::size_t>& dealt() noexcept {
-            static std::atomic<std::size_t> count{0};
-            return count;
-        }
 
         std::size_t lane_;
         bool owned_;
     };
 
-    static std::size_t lane_of_this_thread() noexcept {
+    static const lane_lease& lease_of_this_thread() noexcept {
         thread_local const lane_lease lease;
-        return lease.lane();
+        return lease;
     }
 
     struct alignas(64) lane {
