@@ -399,8 +399,8 @@ private:
     ~no_misuse_check_allocator() {
         for (const auto& [address, record] : live_) {
             give_back_host_memory(record);
-            counts_.add(nxmem::plugin::allocator_counts::allocations, -1);
         }
+        live_.clear(); // given back: counts_ reports none left when it goes
         nxmem::plugin::this_module().live_allocators.fetch_sub(1);
     }
     static no_misuse_check_allocator& self(NxmemAllocatorVtable* table) {
@@ -436,7 +436,6 @@ private:
                 object.live_[address] =
                     allocation_record{address, request.size, request.alignment, request.allocation_id, {}};
             }
-            object.counts_.add(nxmem::plugin::allocator_counts::allocations, 1);
             auto written = nxmem::abi::make_struct<NxmemAllocResult>();
             written.address = address;
             written.size = request.size;
@@ -463,7 +462,6 @@ private:
                 object.live_.erase(found);
             }
             give_back_host_memory(record);
-            object.counts_.add(nxmem::plugin::allocator_counts::allocations, -1);
             return boost::outcome_v2::success();
         });
     }
@@ -483,9 +481,14 @@ private:
     NxmemAllocatorVtable table_; // first member: the host's table pointer is this object
     std::atomic<std::uint32_t> references_{1};
     nxmem::device_id device_;
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::unordered_map<std::uint64_t, allocation_record> live_;
-    nxmem::plugin::allocator_counts counts_; // what the module's unload report sums
+    // What the module's unload report sums: the records in live_ are its live allocations.
+    nxmem::plugin::allocator_counts counts_{this, [](const void* self) noexcept {
+        const auto& object = *static_cast<const no_misuse_check_allocator*>(self);
+        std::lock_guard lock(object.mutex_);
+        return object.live_.size();
+    }};
 };
 
 struct no_misuse_check_mechanism {

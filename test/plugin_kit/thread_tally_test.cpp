@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <latch>
@@ -107,45 +108,65 @@ TEST_CASE("threads alive together never own the same cell, and keep theirs", "[k
     CHECK(std::adjacent_find(owned.begin(), owned.end()) == owned.end());
 }
 
+// Stands in for an allocator's registry: the records it holds, readable from any thread.
+struct fake_registry {
+    std::atomic<std::size_t> records{0};
+    static std::size_t count(const void* registry) noexcept {
+        return static_cast<const fake_registry*>(registry)->records.load(std::memory_order_relaxed);
+    }
+};
+
 TEST_CASE("the module's report sums every allocator's counts, from any thread",
           "[kit][tally][module]") {
     const NxmemUnloadReport before = this_module().report();
     {
-        auto first = std::make_unique<allocator_counts>();
-        auto second = std::make_unique<allocator_counts>();
+        fake_registry first_records;
+        fake_registry second_records;
+        auto first = std::make_unique<allocator_counts>(&first_records, &fake_registry::count);
+        auto second = std::make_unique<allocator_counts>(&second_records, &fake_registry::count);
         on_threads(2, [&](int index) {
             allocator_counts& mine = index == 0 ? *first : *second;
             for (int round = 0; round < rounds; ++round) {
-                mine.add(allocator_counts::allocations, 1);
+                mine.add(allocator_counts::views, 1);
             }
-            mine.add(allocator_counts::views, 2);
             mine.add(allocator_counts::queued_releases, 1);
         });
+        first_records.records = 5;
+        second_records.records = 7;
         NxmemUnloadReport during = this_module().report();
-        CHECK(during.live_allocations - before.live_allocations == 2 * rounds);
-        CHECK(during.live_views - before.live_views == 4);
+        // Live allocations: what the registries record, and the queued releases, which have left
+        // their registry but not their mechanism.
+        CHECK(during.live_allocations - before.live_allocations == 5 + 7 + 2);
+        CHECK(during.live_views - before.live_views == 2 * rounds);
         CHECK(during.queued_releases - before.queued_releases == 2);
 
-        // Released on the other thread than the one that counted them.
+        // Uncounted on the other thread than the one that counted them.
         on_threads(2, [&](int index) {
             allocator_counts& theirs = index == 0 ? *second : *first;
             for (int round = 0; round < rounds; ++round) {
-                theirs.add(allocator_counts::allocations, -1);
+                theirs.add(allocator_counts::views, -1);
             }
-            theirs.add(allocator_counts::views, -2);
             theirs.add(allocator_counts::queued_releases, -1);
         });
+        first_records.records = 0;
+        second_records.records = 0;
         NxmemUnloadReport after = this_module().report();
         CHECK(after.live_allocations == before.live_allocations);
         CHECK(after.live_views == before.live_views);
         CHECK(after.queued_releases == before.queued_releases);
 
-        // An allocator that goes with something still counted leaves it in the report, so the
-        // module does not look ready to unload.
-        first->add(allocator_counts::allocations, 1);
+        // An allocator that goes with allocations still recorded or queued leaves them in the
+        // report, so the module does not look ready to unload.
+        first_records.records = 3;
+        first->add(allocator_counts::queued_releases, 1);
         first.reset();
-        CHECK(this_module().report().live_allocations == before.live_allocations + 1);
-        second->add(allocator_counts::allocations, -1); // and it is taken back by another
+        NxmemUnloadReport left = this_module().report();
+        CHECK(left.live_allocations == before.live_allocations + 3 + 1);
+        CHECK(left.queued_releases == before.queued_releases + 1);
+        second->add(allocator_counts::queued_releases, -1); // and it is taken back by another
+        CHECK(this_module().report().live_allocations == before.live_allocations + 3);
     }
-    CHECK(this_module().report().live_allocations == before.live_allocations);
+    // What the gone allocator left recorded stays in the report for good.
+    CHECK(this_module().report().live_allocations == before.live_allocations + 3);
+    CHECK(this_module().report().queued_releases == before.queued_releases);
 }

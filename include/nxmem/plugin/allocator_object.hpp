@@ -224,9 +224,9 @@ private:
         return fail(status_code::internal_error, std::string(M::name) + " reported a failed release");
     }
 
-    // The allocation is gone: uncount it and drop the references its mappings held.
+    // The allocation is gone (its registry record already is): uncount its views and drop the
+    // references its mappings held.
     void forget(const allocation_record& record) {
-        counts_.add(allocator_counts::allocations, -1);
         if (!record.prefixes.empty()) {
             counts_.add(allocator_counts::views, -static_cast<std::int64_t>(record.prefixes.size()));
         }
@@ -275,7 +275,6 @@ private:
                 {made.address, request.size, request.alignment, request.allocation_id, {}});
             throw;
         }
-        counts_.add(allocator_counts::allocations, 1);
         NxmemAllocResult written;
         written.struct_size = sizeof written;
         written.reserved = 0;
@@ -688,13 +687,16 @@ private:
     };
 
     detail::allocator_shell shell_{};
-    allocator_counts counts_; // live allocations, views and queued releases, per thread
     NxmemVirtualBackingVtable virtual_backing_{}; // per allocator: its granularity is its own
     std::atomic<std::uint32_t> references_{1};
     std::unique_ptr<M> mechanism_;
     host_link host_;
     device_id device_;
     allocation_registry registry_;
+    // After the registry, whose records it counts: it leaves the module's list before they go.
+    allocator_counts counts_{&registry_, [](const void* registry) noexcept {
+                                 return static_cast<const allocation_registry*>(registry)->size();
+                             }};
     std::mutex queue_mutex_;
     std::deque<queued_release> queue_;
     std::atomic<bool> draining_{false};

@@ -3,15 +3,17 @@
 // The state is an inline function-local static: one per loaded module, which is why plugins are
 // built with -fno-gnu-unique (a GNU unique symbol would be shared across modules and pin them).
 //
-// What changes on every allocation (live allocations, views, queued releases) is counted per
-// allocator and per thread (allocator_counts), never in a cache line the whole module shares;
-// the module sums the live allocators' counts when the host asks.
+// Nothing the module shares is written per allocation: an allocator's live allocations are the
+// records its registry already counts shard by shard, plus its queued releases; views and queued
+// releases are counted per allocator and per thread (allocator_counts). The module sums the live
+// allocators' counts when the host asks.
 #pragma once
 
 #include <nxmem/nxmem_memory_abi.h>
 #include <nxmem/plugin/thread_tally.hpp>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 
@@ -33,7 +35,8 @@ private:
     friend class allocator_counts;
     mutable std::mutex counts_mutex_;
     allocator_counts* first_counts_ = nullptr; // an intrusive list: enlisting never allocates
-    std::int64_t left_counted_[3] = {};        // guarded by counts_mutex_
+    std::int64_t left_counted_[2] = {};        // views and queued releases; guarded by counts_mutex_
+    std::int64_t left_allocations_ = 0;        // recorded when their allocator went; the same
 };
 
 inline module_state& this_module() noexcept {
@@ -41,14 +44,23 @@ inline module_state& this_module() noexcept {
     return state;
 }
 
-// One allocator's live allocations, views and queued releases, counted per thread. Enlisted in
-// the module while it exists; what is still counted when it goes stays in the module's report
-// (the kit hands everything back first, so that is normally nothing).
+// One allocator's counts, enlisted in the module while it exists. Its live allocations are those
+// its registry records (read through `recorded`, a count the registry keeps anyway, so allocate
+// and release write no counter) plus its queued releases, which have left the registry but not
+// the mechanism. Views and queued releases are counted per thread. What is still counted when it
+// goes stays in the module's report (the kit hands everything back first, so that is normally
+// nothing).
 class allocator_counts {
 public:
-    enum field : std::size_t { allocations, views, queued_releases, field_count };
+    enum field : std::size_t { views, queued_releases, field_count };
 
-    allocator_counts() noexcept {
+    // How many allocations `registry` records now; read when the host asks for a report, from
+    // any thread, so it must be safe to call concurrently with allocate and release.
+    using recorded_count = std::size_t (*)(const void* registry) noexcept;
+
+    // `registry` outlives these counts (declare it first); `recorded(registry)` counts its records.
+    allocator_counts(const void* registry, recorded_count recorded) noexcept
+        : registry_(registry), recorded_(recorded) {
         module_state& module = this_module();
         std::lock_guard lock(module.counts_mutex_);
         next_ = module.first_counts_;
@@ -57,12 +69,16 @@ public:
         }
         module.first_counts_ = this;
     }
+    // Counts with no registry behind them: only views and queued releases are counted.
+    allocator_counts() noexcept
+        : allocator_counts(nullptr, [](const void*) noexcept -> std::size_t { return 0; }) {}
     ~allocator_counts() {
         module_state& module = this_module();
         std::lock_guard lock(module.counts_mutex_);
         for (std::size_t each = 0; each < field_count; ++each) {
             module.left_counted_[each] += tally_.sum(each);
         }
+        module.left_allocations_ += static_cast<std::int64_t>(recorded_(registry_));
         (previous_ != nullptr ? previous_->next_ : module.first_counts_) = next_;
         if (next_ != nullptr) {
             next_->previous_ = previous_;
@@ -73,25 +89,37 @@ public:
 
     void add(field which, std::int64_t delta) noexcept { tally_.add(which, delta); }
     std::int64_t sum(field which) const noexcept { return tally_.sum(which); }
+    // Live allocations: recorded ones and queued releases (a sum read while other threads count
+    // may be off by the calls in flight).
+    std::int64_t live_allocations() const noexcept {
+        return static_cast<std::int64_t>(recorded_(registry_)) + tally_.sum(queued_releases);
+    }
 
 private:
     friend struct module_state;
     thread_tally<field_count> tally_;
+    const void* registry_;
+    recorded_count recorded_;
     allocator_counts* previous_ = nullptr; // guarded by the module's counts_mutex_
     allocator_counts* next_ = nullptr;
 };
 
 inline NxmemUnloadReport module_state::report() const noexcept {
     std::int64_t totals[allocator_counts::field_count] = {};
+    std::int64_t allocations = 0;
     {
         std::lock_guard lock(counts_mutex_);
         for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
             totals[each] = left_counted_[each];
         }
+        // A queued release left the registry but is still live: counted here as an allocation
+        // and below as a queued release.
+        allocations = left_allocations_ + left_counted_[allocator_counts::queued_releases];
         for (const allocator_counts* counts = first_counts_; counts != nullptr; counts = counts->next_) {
             for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
                 totals[each] += counts->sum(static_cast<allocator_counts::field>(each));
             }
+            allocations += counts->live_allocations();
         }
     }
     NxmemUnloadReport report{};
@@ -99,7 +127,7 @@ inline NxmemUnloadReport module_state::report() const noexcept {
     report.live_allocators = live_allocators.load();
     // A sum read while other threads count may pass below zero for a moment; it is reported as
     // the unsigned count it wraps to, which is non-zero, so unload is refused, never allowed.
-    report.live_allocations = static_cast<std::uint64_t>(totals[allocator_counts::allocations]);
+    report.live_allocations = static_cast<std::uint64_t>(allocations);
     report.live_views = static_cast<std::uint64_t>(totals[allocator_counts::views]);
     report.live_shared_prefixes = live_shared_prefixes.load();
     report.queued_releases = static_cast<std::uint64_t>(totals[allocator_counts::queued_releases]);
