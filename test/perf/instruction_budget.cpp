@@ -33,14 +33,15 @@
 namespace {
 
 // Issue 10's targets, in instructions per allocate + release round trip: not reached yet (the
-// hot-path reworks took the host from 1046 to 573 to 368 and the kit from 1341 to 764 to 444).
+// hot-path reworks took the host from 1046 to 573 to 371 and the kit from 1341 to 764 to 444 to
+// 415).
 constexpr double host_share_target = 150;
 constexpr double kit_share_target = 150;
 // What the test enforces until the targets are reached: the shares measured (GCC 12,
 // debugoptimized) when the rework landed plus 10%, so a change that makes either side heavier fails here. Lower them (towards
 // the targets) whenever the path gets cheaper; never raise them to let a change through.
 constexpr double host_share_budget = 405;
-constexpr double kit_share_budget = 490;
+constexpr double kit_share_budget = 457;
 
 constexpr int exit_skip = 77;
 constexpr unsigned round_trips = 2000; // per route and size: callgrind runs ~50x slower
