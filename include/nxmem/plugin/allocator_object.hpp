@@ -159,6 +159,7 @@ private:
             (void)release_to_mechanism(queued.record);
             forget(queued.record);
             counts_.add(allocator_counts::queued_releases, -1);
+            counts_.add(allocator_counts::unrecorded_allocations, -1);
         }
         if constexpr (offers_shared_mapping<M>) {
             for (const auto& [prefix_id, references] : prefix_references_) {
@@ -413,6 +414,7 @@ private:
             std::lock_guard lock(object.queue_mutex_);
             object.queue_.push_back({ticket, record});
             object.counts_.add(allocator_counts::queued_releases, 1);
+            object.counts_.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
             return boost::outcome_v2::success();
         });
     }
@@ -459,6 +461,7 @@ private:
                 queue_.pop_front();
             }
             counts_.add(allocator_counts::queued_releases, -1);
+            counts_.add(allocator_counts::unrecorded_allocations, -1);
             forget(next.record);
             auto completion = abi::make_struct<NxmemReleaseCompletion>();
             completion.ticket = next.ticket;

@@ -4,9 +4,9 @@
 // built with -fno-gnu-unique (a GNU unique symbol would be shared across modules and pin them).
 //
 // Nothing the module shares is written per allocation: an allocator's live allocations are the
-// records its registry already counts shard by shard, plus its queued releases; views and queued
-// releases are counted per allocator and per thread (allocator_counts). The module sums the live
-// allocators' counts when the host asks.
+// records its registry already counts shard by shard, plus those it holds outside the registry
+// (queued releases); those, views and queued releases are counted per allocator and per thread
+// (allocator_counts). The module sums the live allocators' counts when the host asks.
 #pragma once
 
 #include <nxmem/nxmem_memory_abi.h>
@@ -35,8 +35,8 @@ private:
     friend class allocator_counts;
     mutable std::mutex counts_mutex_;
     allocator_counts* first_counts_ = nullptr; // an intrusive list: enlisting never allocates
-    std::int64_t left_counted_[2] = {};        // views and queued releases; guarded by counts_mutex_
-    std::int64_t left_allocations_ = 0;        // recorded when their allocator went; the same
+    std::int64_t left_counted_[3] = {};        // guarded by counts_mutex_
+    std::int64_t left_recorded_ = 0;           // recorded when their allocator went; the same
 };
 
 inline module_state& this_module() noexcept {
@@ -46,13 +46,13 @@ inline module_state& this_module() noexcept {
 
 // One allocator's counts, enlisted in the module while it exists. Its live allocations are those
 // its registry records (read through `recorded`, a count the registry keeps anyway, so allocate
-// and release write no counter) plus its queued releases, which have left the registry but not
-// the mechanism. Views and queued releases are counted per thread. What is still counted when it
-// goes stays in the module's report (the kit hands everything back first, so that is normally
-// nothing).
+// and release write no counter) plus those counted as `unrecorded_allocations`: live, but no
+// longer in the registry (the kit's queued releases). Those, views and queued releases are
+// counted per thread. What is still counted when it goes stays in the module's report (the kit
+// hands everything back first, so that is normally nothing).
 class allocator_counts {
 public:
-    enum field : std::size_t { views, queued_releases, field_count };
+    enum field : std::size_t { unrecorded_allocations, views, queued_releases, field_count };
 
     // How many allocations `registry` records now; read when the host asks for a report, from
     // any thread, so it must be safe to call concurrently with allocate and release.
@@ -69,7 +69,7 @@ public:
         }
         module.first_counts_ = this;
     }
-    // Counts with no registry behind them: only views and queued releases are counted.
+    // Counts with no registry behind them: live allocations are only the unrecorded ones.
     allocator_counts() noexcept
         : allocator_counts(nullptr, [](const void*) noexcept -> std::size_t { return 0; }) {}
     ~allocator_counts() {
@@ -78,7 +78,7 @@ public:
         for (std::size_t each = 0; each < field_count; ++each) {
             module.left_counted_[each] += tally_.sum(each);
         }
-        module.left_allocations_ += static_cast<std::int64_t>(recorded_(registry_));
+        module.left_recorded_ += static_cast<std::int64_t>(recorded_(registry_));
         (previous_ != nullptr ? previous_->next_ : module.first_counts_) = next_;
         if (next_ != nullptr) {
             next_->previous_ = previous_;
@@ -89,10 +89,10 @@ public:
 
     void add(field which, std::int64_t delta) noexcept { tally_.add(which, delta); }
     std::int64_t sum(field which) const noexcept { return tally_.sum(which); }
-    // Live allocations: recorded ones and queued releases (a sum read while other threads count
-    // may be off by the calls in flight).
+    // Live allocations: recorded and unrecorded ones (a sum read while other threads count may be
+    // off by the calls in flight).
     std::int64_t live_allocations() const noexcept {
-        return static_cast<std::int64_t>(recorded_(registry_)) + tally_.sum(queued_releases);
+        return static_cast<std::int64_t>(recorded_(registry_)) + tally_.sum(unrecorded_allocations);
     }
 
 private:
@@ -112,9 +112,7 @@ inline NxmemUnloadReport module_state::report() const noexcept {
         for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
             totals[each] = left_counted_[each];
         }
-        // A queued release left the registry but is still live: counted here as an allocation
-        // and below as a queued release.
-        allocations = left_allocations_ + left_counted_[allocator_counts::queued_releases];
+        allocations = left_recorded_ + left_counted_[allocator_counts::unrecorded_allocations];
         for (const allocator_counts* counts = first_counts_; counts != nullptr; counts = counts->next_) {
             for (std::size_t each = 0; each < allocator_counts::field_count; ++each) {
                 totals[each] += counts->sum(static_cast<allocator_counts::field>(each));
