@@ -22,6 +22,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,6 +152,62 @@ void raw_mmap_round_trip(benchmark::State& state, std::uint64_t size) {
         }
         ::munmap(mapped, size);
     }
+}
+
+// ---- the same code between system calls ----
+
+// How much slower the boundary's own code runs right after a system call than in a tight loop. A
+// 64 B round trip through the adapter (no system call of its own) is timed alone, and between the
+// mmap and munmap of 2 MiB against the pair without it, in interleaved blocks. Where entering the
+// kernel evicts caches and branch predictors (speculation mitigations, virtual machines), the
+// ratios against raw system calls (eager at 2 MiB, commit + decommit, the lazy cycle) are set by
+// this factor times the path's warm cost, not by its instruction count alone.
+void between_system_calls(benchmark::State& state) {
+    with_eager_route(state, "adapter", [&](auto& through) {
+        constexpr std::size_t mapped_bytes = 2u << 20;
+        constexpr int blocks = 15;
+        constexpr int per_block = 2000;
+        using clock = std::chrono::steady_clock;
+        bool ok = true;
+        auto timed = [](auto&& loop) {
+            const auto start = clock::now();
+            for (int i = 0; i < per_block; ++i) {
+                loop();
+            }
+            return std::chrono::duration<double, std::nano>(clock::now() - start).count() / per_block;
+        };
+        auto path = [&] { ok = round_trip(through, 64, round_trip_alignment) && ok; };
+        auto pair = [&](bool with_path) {
+            void* mapped = ::mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            ok = mapped != MAP_FAILED && ok;
+            if (with_path) {
+                path();
+            }
+            if (mapped != MAP_FAILED) {
+                ::munmap(mapped, mapped_bytes);
+            }
+        };
+        // Per block: the path's cost between the calls and alone; the medians over the blocks
+        // keep one disturbed block from setting the figure.
+        std::vector<double> between, warm;
+        for (auto _ : state) {
+            for (int block = 0; block < blocks && ok; ++block) {
+                const double raw_ns = timed([&] { pair(false); });
+                between.push_back(timed([&] { pair(true); }) - raw_ns);
+                warm.push_back(timed(path));
+            }
+        }
+        if (!ok) {
+            state.SkipWithError("an mmap or a round trip failed");
+            return;
+        }
+        auto median = [](std::vector<double>& values) {
+            std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+            return values[values.size() / 2];
+        };
+        state.counters["path_ns_warm"] = median(warm);
+        state.counters["path_ns_between_system_calls"] = median(between);
+    });
 }
 
 // Figures noted during the runs and printed with the ratios.
@@ -464,6 +522,11 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
     }
     benchmark::RegisterBenchmark("round_trip/raw_mmap/2MiB", raw_mmap_round_trip, std::uint64_t{2u << 20});
     ratios.push_back({"eager_vs_raw_mmap/2MiB", "adapter / raw mmap+munmap at 2 MiB", "round_trip/adapter/2MiB", "round_trip/raw_mmap/2MiB"});
+    benchmark::RegisterBenchmark("between_system_calls/adapter_64B", between_system_calls)->Iterations(1);
+    ratios.push_back({"path_slowdown_between_system_calls",
+                      "a 64 B adapter round trip between mmap and munmap / the same alone (warm), ns",
+                      "between_system_calls/adapter_64B", "between_system_calls/adapter_64B",
+                      "path_ns_between_system_calls", false, "path_ns_warm"});
 
     for (const char* kind : {"one_allocator", "two_allocators", "malloc"}) {
         benchmark::RegisterBenchmark((std::string("threads/") + kind).c_str(), threads_benchmark, std::string(kind))
