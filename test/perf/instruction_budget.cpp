@@ -7,7 +7,8 @@
 //   the kit's share   (plugin table - mechanism object directly) <= kit_share_budget
 // (regression budgets; issue 10's targets, printed beside them, are lower)
 // per round trip, at 64 B and 4 KiB, and reports the whole path and nxmem::heap_allocator
-// against malloc + free.
+// against malloc + free; a pooled round trip (nxmem::pool_allocator over posix-eager, steady
+// state) must cost at most pooled_budget x malloc + free (issue 21).
 // Exit 77 (skipped) without valgrind, or in a sanitizer build (callgrind cannot run those).
 // Environment: NXMEM_POSIX_PLUGIN (the plugin), NXMEM_VALGRIND (else `valgrind` on PATH).
 #include <measure/routes.hpp>
