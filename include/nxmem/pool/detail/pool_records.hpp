@@ -56,7 +56,8 @@ struct block_record {
 
 // A 64 KiB piece of a chunk, carved into blocks of one class while a shard owns it. Its fields
 // change only under its owner's lock (and `owner` only with both the owner's and the pool's).
-struct slab {
+// Cache-line aligned: neighbouring slabs owned by two threads' shards share no line.
+struct alignas(64) slab {
     std::atomic<std::uint32_t> owner{none}; // the shard whose lock guards it; none while free
     std::uint32_t index = 0;
     std::uint32_t class_index = pool_classes::not_small;
@@ -76,7 +77,7 @@ struct slab {
 enum class span_state : std::uint8_t { unused, live, cached, leaving };
 
 // A large allocation of its own from the upstream (cached by size when released) or a pass-through.
-template <class D> struct span_record {
+template <class D> struct alignas(64) span_record {
     std::atomic<std::uint32_t> owner{none};
     std::uint32_t index = 0;
     std::uint32_t generation = 0;
