@@ -264,7 +264,7 @@ public:
         held->prefix_pages = prefix_pages;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
-        return prefix_commit{shared->size, first ? shared->size : 0, sharers};
+        return prefix_commit{shared->size, first ? shared->length : 0, sharers}; // C8: whole pages
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {
