@@ -19,6 +19,7 @@
 #include <nxmem/detail/page_size.hpp>
 #include <nxmem/plugin/mechanism.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
