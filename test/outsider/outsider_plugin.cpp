@@ -140,18 +140,30 @@ public:
         }
     }
 
+    // Reserves `alignment` more than needed when above a page, and gives back the slack around
+    // the aligned start.
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
-        if (alignment > page) {
-            return mechanism_failure(name, status_code::out_of_memory, "alignments above a page");
+        if (alignment > (1ull << 30)) {
+            return mechanism_failure(name, status_code::out_of_memory, "alignments above 1 GiB");
         }
         const std::uint64_t length = round_up(size, page);
-        void* reserved = ::mmap(nullptr, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        const std::uint64_t slack = alignment > page ? alignment : 0;
+        void* reserved = ::mmap(nullptr, length + slack, PROT_NONE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (reserved == MAP_FAILED) {
             return errno_failure(name, status_code::out_of_memory, "reserving address space", errno);
         }
+        const auto first = reinterpret_cast<std::uint64_t>(reserved);
+        const std::uint64_t start = slack == 0 ? first : round_up(first, alignment);
+        if (start > first) {
+            ::munmap(reserved, start - first);
+        }
+        if (first + slack > start) {
+            ::munmap(reinterpret_cast<void*>(start + length), first + slack - start);
+        }
         std::lock_guard lock(mutex_);
         reserved_ += length;
-        return block{reinterpret_cast<std::uint64_t>(reserved), length, 0};
+        return block{start, length, 0};
     }
 
     // The prefix's mapping goes with the reservation; the kit drops the mapping's reference.

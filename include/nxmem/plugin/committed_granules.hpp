@@ -1,6 +1,7 @@
 // What a virtual-backing mechanism otherwise writes itself: the granularity check of commit and
 // decommit ranges (ABI.md G3), the granules each allocation has committed, its cost from them
-// (Q17: whole granules), and the granules a mapped shared prefix owns (C8). One per allocator;
+// (each committed granule, the last one up to the allocation's end, as the bundled lazy
+// mechanisms count it), and the granules a mapped shared prefix owns (C8a). One per allocator;
 // opt-in: a mechanism that keeps this state elsewhere (in the kernel, in runs) need not use it.
 //
 //   committed_granules granules_{page_bytes};                        // a member
@@ -82,29 +83,25 @@ public:
         entry& found = entry_for(address, size);
         const std::uint64_t covered = std::min<std::uint64_t>(found.committed.size(),
                                                               round_up(prefix_bytes) / granularity_);
-        std::uint64_t released = 0;
+        const std::uint64_t before = found.cost;
         for (std::uint64_t granule = 0; granule < covered; ++granule) {
-            released += found.committed[granule] ? 1 : 0;
-            found.committed[granule] = false;
+            flip(found, granule, false);
         }
         found.prefix_granules = std::max(found.prefix_granules, covered);
-        found.committed_granules -= released;
-        total_committed_granules_ -= released;
-        return released * granularity_;
+        return before - found.cost;
     }
 
-    // What the allocation at `address` costs now: its committed granules, whole (Q17), prefix
-    // excluded (C8).
+    // What the allocation at `address` costs now: its committed granules, prefix excluded (C8a).
     std::uint64_t mapped_bytes(std::uint64_t address) const {
         std::lock_guard lock(mutex_);
         const auto found = entries_.find(address);
-        return found == entries_.end() ? 0 : found->second.committed_granules * granularity_;
+        return found == entries_.end() ? 0 : found->second.cost;
     }
 
     // What every allocation tracked here costs now: usage()'s mapped_bytes.
     std::uint64_t total_mapped_bytes() const {
         std::lock_guard lock(mutex_);
-        return total_committed_granules_ * granularity_;
+        return total_cost_;
     }
 
     // The allocation at `address` goes: returns what it cost (what its release credits, Q17/C8).
@@ -114,10 +111,10 @@ public:
         if (found == entries_.end()) {
             return 0;
         }
-        const std::uint64_t granules = found->second.committed_granules;
-        total_committed_granules_ -= granules;
+        const std::uint64_t cost = found->second.cost;
+        total_cost_ -= cost;
         entries_.erase(found);
-        return granules * granularity_;
+        return cost;
     }
 
 private:
@@ -125,14 +122,27 @@ private:
     static result<void> map_nothing(byte_range) noexcept { return success(); }
 
     struct entry {
-        std::vector<bool> committed; // one per granule of the requested size
-        std::uint64_t committed_granules = 0;
+        std::uint64_t size = 0;      // as requested
+        std::vector<bool> committed; // one per granule of it
+        std::uint64_t cost = 0;      // of the committed granules
         std::uint64_t prefix_granules = 0; // the first ones, owned by a mapped prefix
     };
+
+    // Commits or decommits one granule, keeping the costs.
+    void flip(entry& found, std::uint64_t granule, bool commit) {
+        if (found.committed[granule] == commit) {
+            return;
+        }
+        found.committed[granule] = commit;
+        const std::uint64_t bytes = std::min(granularity_, found.size - granule * granularity_);
+        found.cost = commit ? found.cost + bytes : found.cost - bytes;
+        total_cost_ = commit ? total_cost_ + bytes : total_cost_ - bytes;
+    }
 
     entry& entry_for(std::uint64_t address, std::uint64_t size) {
         auto [found, made] = entries_.try_emplace(address);
         if (made) {
+            found->second.size = size;
             try {
                 found->second.committed.resize(round_up(size) / granularity_);
             } catch (...) {
@@ -156,11 +166,7 @@ private:
         }
         NXMEM_TRY_VOID(apply(byte_range{first * granularity_, (end - first) * granularity_}));
         for (std::uint64_t granule = first; granule < end; ++granule) {
-            if (found.committed[granule] != commit) {
-                found.committed[granule] = commit;
-                found.committed_granules += commit ? 1 : std::uint64_t(-1);
-                total_committed_granules_ += commit ? 1 : std::uint64_t(-1);
-            }
+            flip(found, granule, commit);
         }
         return success();
     }
@@ -175,7 +181,7 @@ private:
     const std::uint64_t granularity_;
     mutable std::mutex mutex_;
     std::unordered_map<std::uint64_t, entry> entries_;
-    std::uint64_t total_committed_granules_ = 0;
+    std::uint64_t total_cost_ = 0;
 };
 
 } // namespace nxmem::plugin
