@@ -15,7 +15,8 @@ namespace {
 using namespace nxmem;
 using namespace nxmem::plugin;
 
-// Every requirement met; each near miss below changes one member.
+// Every requirement met; each near miss below changes one member. A class deriving from another
+// declares its own open: the inherited one would open the base, and the concept says so.
 struct base {
     static constexpr const char* name = "base";
     static constexpr std::uint64_t mechanism_id = 1;
@@ -33,6 +34,8 @@ struct good : base {
     NXMEM_TEST_ALLOCATE
     NXMEM_TEST_DEALLOCATE
 };
+
+struct open_inherited : good {}; // good::open makes a good, not an open_inherited
 
 struct no_name {
     static constexpr std::uint64_t mechanism_id = 1;
@@ -71,26 +74,31 @@ struct release_allocation_returning_void : base {
 };
 
 struct virtual_backing : good {
+    NXMEM_TEST_OPEN(virtual_backing)
     result<void> commit(const allocation_record&, byte_range) { return success(); }
     result<void> decommit(const allocation_record&, byte_range) { return success(); }
     result<std::uint64_t> mapped_bytes(const allocation_record&) { return 0; }
     std::uint64_t commit_granularity() const noexcept { return 4096; }
 };
 struct commit_by_offset : good {
+    NXMEM_TEST_OPEN(commit_by_offset)
     result<void> commit(const allocation_record&, std::uint64_t, std::uint64_t) { return success(); }
     result<void> decommit(const allocation_record&, byte_range) { return success(); }
     result<std::uint64_t> mapped_bytes(const allocation_record&) { return 0; }
 };
 struct mapped_bytes_as_int : good {
+    NXMEM_TEST_OPEN(mapped_bytes_as_int)
     result<void> commit(const allocation_record&, byte_range) { return success(); }
     result<void> decommit(const allocation_record&, byte_range) { return success(); }
     result<int> mapped_bytes(const allocation_record&) { return 0; }
 };
 struct granularity_not_const : virtual_backing {
+    NXMEM_TEST_OPEN(granularity_not_const)
     std::uint64_t commit_granularity() { return 4096; }
 };
 
 struct shared_mapping : good {
+    NXMEM_TEST_OPEN(shared_mapping)
     result<std::uint64_t> create_shared_prefix(std::uint64_t) { return 1; }
     result<prefix_commit> commit_shared_prefix(const allocation_record&, std::uint64_t) {
         return prefix_commit{};
@@ -98,25 +106,30 @@ struct shared_mapping : good {
     void destroy_shared_prefix(std::uint64_t) {}
 };
 struct shared_mapping_costed_by_kit : good {
+    NXMEM_TEST_OPEN(shared_mapping_costed_by_kit)
     result<std::uint64_t> create_shared_prefix(std::uint64_t) { return 1; }
     result<void> commit_shared_prefix(const allocation_record&, std::uint64_t) { return success(); }
     void destroy_shared_prefix(std::uint64_t) {}
 };
 struct prefix_size_narrow : good {
+    NXMEM_TEST_OPEN(prefix_size_narrow)
     result<std::uint64_t> create_shared_prefix(std::uint32_t) { return 1; }
     result<void> commit_shared_prefix(const allocation_record&, std::uint64_t) { return success(); }
     void destroy_shared_prefix(std::uint64_t) {}
 };
 struct destroy_returning_result : good {
+    NXMEM_TEST_OPEN(destroy_returning_result)
     result<std::uint64_t> create_shared_prefix(std::uint64_t) { return 1; }
     result<void> commit_shared_prefix(const allocation_record&, std::uint64_t) { return success(); }
     result<void> destroy_shared_prefix(std::uint64_t) { return success(); }
 };
 
 struct retiring : good {
+    NXMEM_TEST_OPEN(retiring)
     result<std::optional<release_outcome>> retire(const allocation_record&) { return std::nullopt; }
 };
 struct retire_without_optional : good {
+    NXMEM_TEST_OPEN(retire_without_optional)
     result<release_outcome> retire(const allocation_record&) { return release_outcome{}; }
 };
 struct retiring_through_release : base {
@@ -126,19 +139,24 @@ struct retiring_through_release : base {
     result<release_outcome> release_allocation(const allocation_record&) { return release_outcome{}; }
 };
 struct retiring_through_missing_release : good {
+    NXMEM_TEST_OPEN(retiring_through_missing_release)
     static constexpr bool retires_through_release_allocation = true;
 };
 
 struct usage_whole : good {
+    NXMEM_TEST_OPEN(usage_whole)
     result<allocator_usage> usage() const { return allocator_usage{}; }
 };
 struct usage_completing_kit : good {
+    NXMEM_TEST_OPEN(usage_completing_kit)
     result<allocator_usage> usage(allocator_usage counted) { return counted; }
 };
 struct usage_by_reference : good {
+    NXMEM_TEST_OPEN(usage_by_reference)
     result<allocator_usage> usage(allocator_usage& counted) { return counted; }
 };
 struct usage_returning_wire : good {
+    NXMEM_TEST_OPEN(usage_returning_wire)
     result<NxmemAllocatorUsage> usage() { return NxmemAllocatorUsage{}; }
 };
 
@@ -148,6 +166,7 @@ TEST_CASE("the mechanism concept accepts exactly the documented signatures", "[p
     STATIC_REQUIRE(mechanism<good>);
     STATIC_REQUIRE(assert_mechanism<good>());
     STATIC_REQUIRE(!mechanism<no_name>);
+    STATIC_REQUIRE(!mechanism<open_inherited>);
     STATIC_REQUIRE(!mechanism<open_takes_const_context>);
     STATIC_REQUIRE(!mechanism<allocate_with_narrow_alignment>);
     STATIC_REQUIRE(!mechanism<allocate_with_narrow_size>);
