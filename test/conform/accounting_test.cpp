@@ -218,6 +218,30 @@ TEST_CASE("C8a: a prefix costs whole granules and takes the committed granules i
     CHECK(module->try_unload());
 }
 
+TEST_CASE("the record a mechanism is handed carries the prefixes mapped into the allocation",
+          "[plugin-kit][shared-mapping]") {
+    // outsider-lazy refuses a second prefix by reading record.prefixes in commit_shared_prefix:
+    // the refusal shows the kit filled it there.
+    const std::string path = test::plugin_path("NXMEM_OUTSIDER_PLUGIN");
+    auto module = host::plugin_module::load(path).value();
+    {
+        auto lazy = host::open_allocator<cpu_device>(module, "outsider-lazy").value();
+        auto mapping = lazy.shared_mapping().value();
+        auto made = lazy.allocate(8 * 4096, 4096).value();
+        auto first = mapping.create_prefix(4096).value();
+        auto second = mapping.create_prefix(4096).value();
+        REQUIRE(mapping.commit_prefix(made, first));
+        auto refused = mapping.commit_prefix(made, second);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::invalid_argument);
+        CHECK_THAT(refused.error().message, Catch::Contains("one prefix per allocation"));
+        CHECK(lazy.release(made));
+        CHECK(mapping.release_prefix(first));
+        CHECK(mapping.release_prefix(second));
+    }
+    CHECK(module->try_unload());
+}
+
 TEST_CASE("Q15: an alignment no mechanism can honour is OUT_OF_MEMORY, not INVALID_ARGUMENT",
           "[conform][accounting]") {
     for (const auto& [path, mechanism] :

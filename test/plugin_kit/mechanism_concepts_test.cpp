@@ -10,7 +10,9 @@
 #include <memory>
 #include <optional>
 
-namespace {
+// A named namespace: clang warns of static members of classes in an anonymous one that nothing
+// reads, and these exist only to be inspected by the concepts.
+namespace near_misses {
 
 using namespace nxmem;
 using namespace nxmem::plugin;
@@ -160,7 +162,9 @@ struct usage_returning_wire : good {
     result<NxmemAllocatorUsage> usage() { return NxmemAllocatorUsage{}; }
 };
 
-} // namespace
+} // namespace near_misses
+
+using namespace near_misses;
 
 TEST_CASE("the mechanism concept accepts exactly the documented signatures", "[plugin-kit][concepts]") {
     STATIC_REQUIRE(mechanism<good>);
