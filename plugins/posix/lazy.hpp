@@ -19,7 +19,7 @@
 //
 // Accounting: mapped_bytes counts the allocation's committed private pages (the partial last
 // page by its bytes within the allocation). A shared prefix is costed once, at the prefix level:
-// its bytes are newly_mapped_bytes of its first mapping and never part of any allocation's
+// its whole pages are newly_mapped_bytes of its first mapping and never part of any allocation's
 // mapped_bytes. Pages under a mapped prefix belong to the prefix: commit and decommit leave them
 // alone, and mapping a prefix over committed private pages uncommits them.
 //
