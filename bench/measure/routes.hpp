@@ -118,7 +118,8 @@ public:
     static result<mechanism_route> open(std::uint64_t id_base = 1) {
         NXMEM_TRY(parsed, plugin::options::parse({}));
         plugin::host_link no_callbacks;
-        plugin::open_context context{M::mechanism_id, device_id{NXMEM_DEVICE_CPU, 0}, parsed, no_callbacks};
+        plugin::open_context context{M::mechanism_id, device_id{NXMEM_DEVICE_CPU, 0}, parsed, no_callbacks,
+                                     M::name};
         NXMEM_TRY(opened, M::open(context));
         return mechanism_route(std::move(opened), id_base);
     }

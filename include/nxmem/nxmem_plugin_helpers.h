@@ -90,6 +90,30 @@ static inline NxmemStatusCode nxmem_report(NxmemStatus *status, NxmemStatusCode 
     return code;
 }
 
+/* ABI.md M1: whether an object's device is this allocator's (same type and index). */
+static inline int nxmem_same_device(const NxmemDeviceId *a, const NxmemDeviceId *b) {
+    return a->device_type == b->device_type && a->index == b->index;
+}
+
+/* ABI.md Q16, at open_allocator: refuses with WRONG_DEVICE, naming `mechanism` and the device, a
+ * device whose type is not among `device_types` (bits 1 << NXMEM_DEVICE_...) or whose index is
+ * outside [0, indices). Returns OK otherwise. */
+static inline NxmemStatusCode nxmem_check_device(const NxmemDeviceId *device, uint64_t device_types,
+                                                 int32_t indices, const char *mechanism,
+                                                 NxmemStatus *status) {
+    if (device->device_type >= 64 || ((device_types >> device->device_type) & 1u) == 0) {
+        return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
+                            "%s does not serve device type %u", mechanism,
+                            (unsigned)device->device_type);
+    }
+    if (device->index < 0 || device->index >= indices) {
+        return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
+                            "%s serves indices 0 to %d of device type %u, not %d", mechanism,
+                            (int)(indices - 1), (unsigned)device->device_type, (int)device->index);
+    }
+    return NXMEM_STATUS_OK;
+}
+
 /* The extensible-struct rule for a request the plugin receives (ABI.md Q2-Q5): `request` is not
  * NULL; its struct_size is at least `baseline` and at most NXMEM_MAX_STRUCT_SIZE (checked before
  * any byte is scanned); every byte

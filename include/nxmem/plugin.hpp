@@ -5,7 +5,10 @@
 #include <nxmem/detail/require_cxx20.hpp>
 
 #include <nxmem/nxmem_memory_abi.h>
+#include <nxmem/plugin/committed_granules.hpp>
+#include <nxmem/plugin/device_indices.hpp>
 #include <nxmem/plugin/exports.hpp>
+#include <nxmem/plugin/failures.hpp>
 #include <nxmem/plugin/guard.hpp>
 #include <nxmem/plugin/mechanism.hpp>
 #include <nxmem/plugin/thread_tally.hpp>

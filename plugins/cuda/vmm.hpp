@@ -20,7 +20,7 @@
 // and decommitting uncommitted ones are successful no-ops.
 //
 // Accounting (as posix-lazy): mapped_bytes counts the allocation's committed private chunks, the
-// last one by its bytes within the allocation. A shared prefix is costed once, at its size, as the
+// last one by its bytes within the allocation. A shared prefix is costed once, in whole chunks, as the
 // newly_mapped_bytes of its first mapping, and never in an allocation's mapped_bytes; chunks
 // under a mapped prefix belong to it. The budget counts device memory: whole chunks, private and
 // prefix alike.
@@ -240,7 +240,7 @@ public:
         held->prefix_chunks = count;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
-        return prefix_commit{shared->size, first ? shared->size : 0, sharers};
+        return prefix_commit{shared->size, first ? count * chunk_ : 0, sharers}; // C8a: whole chunks
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {

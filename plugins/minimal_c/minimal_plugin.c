@@ -51,10 +51,6 @@ typedef struct MinimalAllocator {
     LiveAllocation live[MINIMAL_MAX_LIVE];
 } MinimalAllocator;
 
-static bool same_device(const NxmemDeviceId *a, const NxmemDeviceId *b) {
-    return a->device_type == b->device_type && a->index == b->index;
-}
-
 static NxmemStatusCode minimal_allocate(NxmemAllocatorVtable *self,
                                         const NxmemAllocRequest *request, NxmemAllocResult *result,
                                         NxmemStatus *status) {
@@ -70,7 +66,7 @@ static NxmemStatusCode minimal_allocate(NxmemAllocatorVtable *self,
         return nxmem_report(status, NXMEM_STATUS_WRONG_MECHANISM,
                             "allocate: not mechanism minimal-c");
     }
-    if (!same_device(&request->device, &self->device)) {
+    if (!nxmem_same_device(&request->device, &self->device)) {
         return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
                             "allocate: not this allocator's device");
     }
@@ -131,7 +127,7 @@ static NxmemStatusCode minimal_deallocate(NxmemAllocatorVtable *self,
         return nxmem_report(status, NXMEM_STATUS_WRONG_MECHANISM,
                             "deallocate: not mechanism minimal-c");
     }
-    if (!same_device(&allocation->device, &self->device)) {
+    if (!nxmem_same_device(&allocation->device, &self->device)) {
         return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
                             "deallocate: not this allocator's device");
     }
@@ -200,10 +196,10 @@ static NxmemStatusCode minimal_open_allocator(NxmemAllocatorFactoryVtable *self,
     if (allocator_out == NULL) {
         return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT, "open_allocator: NULL output");
     }
-    if (request->device.device_type != NXMEM_DEVICE_CPU) {
-        return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
-                            "open_allocator: minimal-c serves only the CPU, not device type %u",
-                            (unsigned)request->device.device_type);
+    /* Host memory: one device, cpu:0 (ABI.md Q16). */
+    code = nxmem_check_device(&request->device, 1u << NXMEM_DEVICE_CPU, 1, "minimal-c", status);
+    if (code != NXMEM_STATUS_OK) {
+        return code;
     }
     if (request->options_length != 0) {
         /* A mechanism refuses what it does not understand; this one understands no option. */

@@ -19,7 +19,7 @@
 //
 // Accounting: mapped_bytes counts the allocation's committed private pages (the partial last
 // page by its bytes within the allocation). A shared prefix is costed once, at the prefix level:
-// its bytes are newly_mapped_bytes of its first mapping and never part of any allocation's
+// its whole pages are newly_mapped_bytes of its first mapping and never part of any allocation's
 // mapped_bytes. Pages under a mapped prefix belong to the prefix: commit and decommit leave them
 // alone, and mapping a prefix over committed private pages uncommits them.
 //
@@ -264,7 +264,7 @@ public:
         held->prefix_pages = prefix_pages;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
-        return prefix_commit{shared->size, first ? shared->size : 0, sharers};
+        return prefix_commit{shared->size, first ? shared->length : 0, sharers}; // C8: whole pages
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {

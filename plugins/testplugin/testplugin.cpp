@@ -78,11 +78,14 @@ struct legacy_1_0_mechanism : eager_mechanism {
 };
 
 // Virtual backing, shared mapping, deferred and structured release. Memory is taken eagerly from
-// the heap; what is tracked is what a real lazy mechanism would have mapped, page by page.
+// the heap; what is tracked is what a real lazy mechanism would have mapped, granule by granule,
+// with the kit's blocks: committed_granules for G3 and the cost, the kit's prefix bookkeeping for
+// C8, its live counts for usage(), retirement through release_allocation.
 struct lazy_mechanism {
     static constexpr const char* name = "lazy";
     static constexpr std::uint64_t mechanism_id = 3;
     static constexpr std::uint64_t device_types = cpu_and_cuda;
+    static constexpr bool retires_through_release_allocation = true;
 
     static result<std::unique_ptr<lazy_mechanism>> open(open_context&) {
         return std::make_unique<lazy_mechanism>();
@@ -90,127 +93,61 @@ struct lazy_mechanism {
 
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
         NXMEM_TRY(address, take_host_memory(size, alignment));
-        std::lock_guard lock(mutex_);
-        live_[address] = state{size, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
+        reserved_bytes_.fetch_add(size);
         return block{address, size, 0};
     }
-    result<void> deallocate(const allocation_record& record) {
-        unmap_all(record);
-        give_back_host_memory(record);
-        return boost::outcome_v2::success();
-    }
     result<release_outcome> release_allocation(const allocation_record& record) {
-        const std::uint64_t unmapped = unmap_all(record);
+        const std::uint64_t unmapped = granules_.forget(record.address);
+        reserved_bytes_.fetch_sub(record.size);
         give_back_host_memory(record);
         return release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
-    }
-    result<std::optional<release_outcome>> retire(const allocation_record& record) {
-        return nxmem::posix::retired_now(release_allocation(record));
     }
 
     // Ranges are page-granular: the offset is page-aligned, the length a page multiple or the rest.
     std::uint64_t commit_granularity() const noexcept { return page_bytes; }
     result<void> commit(const allocation_record& record, byte_range range) {
-        return set_pages(record, range, true);
+        return granules_.commit(record, range);
     }
     result<void> decommit(const allocation_record& record, byte_range range) {
-        return set_pages(record, range, false);
+        return granules_.decommit(record, range);
     }
     result<std::uint64_t> mapped_bytes(const allocation_record& record) {
-        std::lock_guard lock(mutex_);
-        return committed_bytes(live_.at(record.address));
+        return granules_.mapped_bytes(record.address);
     }
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
         std::lock_guard lock(mutex_);
         const std::uint64_t id = ++last_prefix_id_;
-        prefixes_[id] = prefix{size, 0, false};
+        prefix_sizes_[id] = size;
         return id;
     }
-    result<prefix_commit> commit_shared_prefix(const allocation_record& record,
-                                               std::uint64_t prefix_id) {
-        std::lock_guard lock(mutex_);
-        prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
-        ++found.sharers;
-        live_.at(record.address).prefixes.push_back(prefix_id);
-        // The prefix's bytes are costed once in its lifetime (ABI C8): only its first mapping
-        // ever maps new memory, not a first one again after every sharer went.
-        const bool first = !found.ever_mapped;
-        found.ever_mapped = true;
-        return prefix_commit{found.size, first ? found.size : 0, found.sharers};
+    // The kit answers shared_bytes, newly_mapped_bytes and sharers (C8).
+    result<void> commit_shared_prefix(const allocation_record& record, std::uint64_t prefix_id) {
+        std::uint64_t size = 0;
+        {
+            std::lock_guard lock(mutex_);
+            size = prefix_sizes_.at(prefix_id); // the kit has checked the id is live
+        }
+        (void)granules_.map_prefix(record.address, record.size, size);
+        return nxmem::success();
     }
     void destroy_shared_prefix(std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
-        prefixes_.erase(prefix_id);
+        prefix_sizes_.erase(prefix_id);
     }
 
-    result<allocator_usage> usage() {
-        std::lock_guard lock(mutex_);
-        allocator_usage totals;
-        for (const auto& [address, live] : live_) {
-            ++totals.live_allocations;
-            totals.reserved_bytes += live.size;
-            totals.mapped_bytes += committed_bytes(live);
-        }
-        for (const auto& [prefix_id, shared] : prefixes_) {
-            totals.shared_prefix_bytes += shared.size;
-        }
-        return totals;
+    // The kit counts live allocations and prefix bytes; this adds reserved and mapped bytes.
+    result<allocator_usage> usage(allocator_usage counted) const {
+        counted.reserved_bytes = reserved_bytes_.load();
+        counted.mapped_bytes = granules_.total_mapped_bytes();
+        return counted;
     }
 
 private:
-    struct state {
-        std::uint64_t size;
-        std::vector<bool> pages;
-        std::vector<std::uint64_t> prefixes;
-    };
-    struct prefix {
-        std::uint64_t size;
-        std::uint64_t sharers;
-        bool ever_mapped;
-    };
-
-    static std::uint64_t committed_bytes(const state& live) {
-        std::uint64_t bytes = 0;
-        for (std::size_t page = 0; page < live.pages.size(); ++page) {
-            if (live.pages[page]) {
-                bytes += std::min(page_bytes, live.size - page * page_bytes);
-            }
-        }
-        return bytes;
-    }
-
-    result<void> set_pages(const allocation_record& record, byte_range range, bool mapped) {
-        if (range.offset % page_bytes != 0 ||
-            (range.length % page_bytes != 0 && range.offset + range.length != record.size)) {
-            return fail(status_code::invalid_argument,
-                        "ranges are page-granular (4096 bytes): offset " +
-                            std::to_string(range.offset) + ", length " + std::to_string(range.length));
-        }
-        std::lock_guard lock(mutex_);
-        std::vector<bool>& pages = live_.at(record.address).pages;
-        for (std::uint64_t page = range.offset / page_bytes;
-             page * page_bytes < range.offset + range.length; ++page) {
-            pages[page] = mapped;
-        }
-        return boost::outcome_v2::success();
-    }
-
-    // Undoes an allocation's mappings; returns what it had mapped.
-    std::uint64_t unmap_all(const allocation_record& record) {
-        std::lock_guard lock(mutex_);
-        auto found = live_.find(record.address);
-        const std::uint64_t bytes = committed_bytes(found->second);
-        for (std::uint64_t prefix_id : found->second.prefixes) {
-            --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
-        }
-        live_.erase(found);
-        return bytes;
-    }
-
+    nxmem::plugin::committed_granules granules_{page_bytes};
+    std::atomic<std::uint64_t> reserved_bytes_{0};
     std::mutex mutex_;
-    std::unordered_map<std::uint64_t, state> live_;
-    std::map<std::uint64_t, prefix> prefixes_;
+    std::map<std::uint64_t, std::uint64_t> prefix_sizes_;
     std::uint64_t last_prefix_id_ = 0;
 };
 

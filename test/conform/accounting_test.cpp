@@ -167,6 +167,81 @@ TEST_CASE("C8: a prefix is costed once in its lifetime, never in an allocation's
     CHECK(module->try_unload());
 }
 
+TEST_CASE("C8a: a prefix costs whole granules and takes the committed granules it covers out of "
+          "the allocation's cost",
+          "[conform][accounting][posix]") {
+    const auto [variable, mechanism] =
+        GENERATE(table<const char*, const char*>({{"NXMEM_POSIX_PLUGIN", "posix-lazy"},
+                                                  {"NXMEM_TESTPLUGIN", "lazy"},
+                                                  {"NXMEM_OUTSIDER_PLUGIN", "outsider-lazy"}}));
+    INFO(mechanism);
+    const char* path = std::getenv(variable);
+    if (path == nullptr || *path == '\0') {
+        WARN(variable << " is not set: C8a is not checked on " << mechanism);
+        return;
+    }
+    auto loaded = host::plugin_module::load(path);
+    REQUIRE(loaded);
+    auto module = loaded.value();
+    {
+        auto opened = host::open_allocator<cpu_device>(module, mechanism);
+        REQUIRE(opened);
+        auto& lazy = opened.value();
+        auto mapping = lazy.shared_mapping();
+        auto backing = lazy.virtual_backing();
+        REQUIRE(mapping);
+        REQUIRE(backing);
+        const std::uint64_t granule = backing.value().commit_granularity();
+        const std::uint64_t prefix_size = granule + 100; // costs two whole granules
+        auto made = lazy.allocate(4 * granule, granule);
+        REQUIRE(made);
+        REQUIRE(backing.value().commit(made.value(), {0, 3 * granule}));
+        CHECK(backing.value().mapped_bytes(made.value()).value() == 3 * granule);
+        auto prefix = mapping.value().create_prefix(prefix_size);
+        REQUIRE(prefix);
+        auto commit = mapping.value().commit_prefix(made.value(), prefix.value());
+        REQUIRE(commit);
+        CHECK(commit.value().shared_bytes == prefix_size);
+        CHECK(commit.value().newly_mapped_bytes == 2 * granule);
+        // The two committed granules under the prefix are the prefix's now.
+        CHECK(backing.value().mapped_bytes(made.value()).value() == granule);
+        auto usage = lazy.query_usage();
+        REQUIRE(usage);
+        CHECK(usage.value().mapped_bytes == granule);
+        CHECK(usage.value().shared_prefix_bytes == 2 * granule);
+        auto released = lazy.release(made.value());
+        REQUIRE(released);
+        CHECK(released.value().unmapped_bytes == granule);
+        CHECK(mapping.value().release_prefix(prefix.value()));
+        CHECK(lazy.query_usage().value() == allocator_usage{});
+    }
+    CHECK(module->try_unload());
+}
+
+TEST_CASE("the record a mechanism is handed carries the prefixes mapped into the allocation",
+          "[plugin-kit][shared-mapping]") {
+    // outsider-lazy refuses a second prefix by reading record.prefixes in commit_shared_prefix:
+    // the refusal shows the kit filled it there.
+    const std::string path = test::plugin_path("NXMEM_OUTSIDER_PLUGIN");
+    auto module = host::plugin_module::load(path).value();
+    {
+        auto lazy = host::open_allocator<cpu_device>(module, "outsider-lazy").value();
+        auto mapping = lazy.shared_mapping().value();
+        auto made = lazy.allocate(8 * 4096, 4096).value();
+        auto first = mapping.create_prefix(4096).value();
+        auto second = mapping.create_prefix(4096).value();
+        REQUIRE(mapping.commit_prefix(made, first));
+        auto refused = mapping.commit_prefix(made, second);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::invalid_argument);
+        CHECK_THAT(refused.error().message, Catch::Contains("one prefix per allocation"));
+        CHECK(lazy.release(made));
+        CHECK(mapping.release_prefix(first));
+        CHECK(mapping.release_prefix(second));
+    }
+    CHECK(module->try_unload());
+}
+
 TEST_CASE("Q15: an alignment no mechanism can honour is OUT_OF_MEMORY, not INVALID_ARGUMENT",
           "[conform][accounting]") {
     for (const auto& [path, mechanism] :

@@ -68,10 +68,18 @@ struct throw_nxmem_error : boost::outcome_v2::policy::base {
 
 template <class T> using result = boost::outcome_v2::result<T, error, detail::throw_nxmem_error>;
 
+// What `fail` returns: converts to any result<T> as its failure. Name it to declare a failure
+// helper of your own, kept off the hot path:
+//   [[gnu::cold]] nxmem::failure too_big(std::uint64_t size) { return nxmem::fail(...); }
+using failure = boost::outcome_v2::failure_type<error>;
+
 // A failed result with `code` and `message`.
-inline auto fail(status_code code, std::string message) {
+inline failure fail(status_code code, std::string message) {
     return boost::outcome_v2::failure(error{code, std::move(message)});
 }
+
+// What a successful result<void> returns: `return nxmem::success();`.
+constexpr boost::outcome_v2::success_type<void> success() noexcept { return {}; }
 
 } // namespace nxmem
 

@@ -42,9 +42,10 @@ result<std::vector<allocation<D>>> allocate_grid(host::plugin_allocator<D>& allo
                 for (const allocation<D>& earlier : live) {
                     (void)allocator.release(earlier);
                 }
+                // The code stays the error's own: the message names it once, where it is printed.
                 return fail(made.error().code, std::to_string(size) + " bytes aligned to " +
                                                    std::to_string(alignment) + ": " +
-                                                   made.error().describe());
+                                                   made.error().message);
             }
             live.push_back(made.value());
         }

@@ -5,6 +5,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/subject.hpp>
+#include <nxmem/detail/page_size.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -109,8 +110,8 @@ struct check_capability_virtual_backing {
     }
 };
 
-// capability.shared_mapping: prefix references counted; the prefix costed once, freed with the
-// last reference.
+// capability.shared_mapping: prefix references counted; the prefix costed once (ABI.md C8a: its
+// size in whole commit granules), freed with the last reference.
 struct check_capability_shared_mapping {
     template <Device D> static finding run(const subject& target, const suite_options&) {
         constexpr std::uint64_t unit = detail::range_unit;
@@ -123,6 +124,13 @@ struct check_capability_shared_mapping {
         NXMEM_CONFORM_TRY(mapping, "the shared mapping view", allocator.shared_mapping());
         NXMEM_CONFORM_TRY(before, "the plugin reports its readiness", opened.plugin_counts());
         NXMEM_CONFORM_TRY(prefix, "a shared prefix of 2 range units", mapping.create_prefix(2 * unit));
+        std::uint64_t granule = nxmem::detail::system_page_bytes();
+        if ((allocator.capabilities() & NXMEM_CAP_VIRTUAL_BACKING) != 0) {
+            if (auto backing = allocator.virtual_backing()) {
+                granule = backing.value().commit_granularity();
+            }
+        }
+        const std::uint64_t cost = (2 * unit + granule - 1) / granule * granule;
         std::vector<allocation<D>> sharers;
         std::string expected;
         std::string problem;
@@ -145,8 +153,8 @@ struct check_capability_shared_mapping {
             }
             newly_mapped += commit.value().newly_mapped_bytes;
         }
-        if (problem.empty() && newly_mapped != 2 * unit) {
-            expected = "the prefix costed once: " + std::to_string(2 * unit) + " newly mapped bytes";
+        if (problem.empty() && newly_mapped != cost) {
+            expected = "the prefix costed once: " + std::to_string(cost) + " newly mapped bytes";
             problem = std::to_string(newly_mapped);
         }
         auto counts_are = [&](std::uint64_t prefixes, std::uint64_t views, const char* when) {

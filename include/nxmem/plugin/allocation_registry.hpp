@@ -3,8 +3,8 @@
 //
 // A record takes 24 bytes in its slot (address, id, and the size with the alignment's exponent in
 // one word). The shared prefixes mapped into an allocation live in a side table that only
-// allocations with a mapping pay for; `find` hands the mechanism the record without them, `take`
-// with them (what the kit drops when the allocation goes). A size of 2^57 bytes or more does not
+// allocations with a mapping pay for; `find` and `take` hand the mechanism the record with them
+// (a copy of the list for `find`, made only for an allocation that maps a prefix). A size of 2^57 bytes or more does not
 // fit the packed word; such an allocation (only a mechanism that reserves nothing could hand one
 // out) is kept whole in a second side table.
 #pragma once
@@ -174,17 +174,23 @@ public:
         return true;
     }
 
-    // Fills `found` with a copy of the record the host described, without its prefixes; refuses
-    // as take does.
+    // Fills `found` with a copy of the record the host described, with the prefixes mapped into
+    // it; refuses as take does.
     bool find(const NxmemAllocation& described, allocation_record& found, registry_refusal& why) {
         // visit: one probe, and a plain verdict rather than a result carrying a copy.
+        bool maps_prefixes = false;
         const verdict accepted = records_.visit(described.address, [&](const packed_record* record) {
-            return judge(described, record, why);
+            const verdict judged = judge(described, record, why);
+            maps_prefixes = judged.accepted && record->maps_prefixes();
+            return judged;
         });
         if (!accepted.accepted) [[unlikely]] {
             return false;
         }
         fill(described, found);
+        if (maps_prefixes) [[unlikely]] {
+            copy_prefixes(described.address, found);
+        }
         return true;
     }
 
@@ -293,6 +299,14 @@ private:
         out.size = described.size;
         out.alignment = described.alignment;
         out.allocation_id = described.allocation_id;
+    }
+
+    // Copies the prefixes mapped into the allocation at `address` (none if it went meanwhile).
+    [[gnu::cold]] [[gnu::noinline]] void copy_prefixes(std::uint64_t address, allocation_record& found) {
+        std::lock_guard lock(side_mutex_);
+        if (auto mapped = prefixes_.find(address); mapped != prefixes_.end()) {
+            found.prefixes = mapped->second;
+        }
     }
 
     // Drops a taken record's side entries, moving its prefixes into `taken`.

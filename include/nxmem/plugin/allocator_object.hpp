@@ -24,6 +24,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -92,7 +93,7 @@ public:
         NXMEM_TRY(parsed, options::parse(std::string_view(
                               request.options, static_cast<std::size_t>(request.options_length))));
         NXMEM_TRY(link, host_link::read(request.callbacks, this_module().negotiated_minor.load()));
-        open_context context{M::mechanism_id, device, parsed, link};
+        open_context context{M::mechanism_id, device, parsed, link, M::name};
         NXMEM_TRY(instance, M::open(context));
         NXMEM_TRY_VOID(parsed.refuse_unknown(M::name));
         auto* object = new allocator_object(std::move(instance), link, device);
@@ -233,7 +234,7 @@ private:
         }
         if constexpr (offers_shared_mapping<M>) {
             for (std::uint64_t prefix_id : record.prefixes) {
-                (void)drop_prefix_reference(prefix_id); // the id is live: it was mapped
+                (void)drop_mapping_reference(prefix_id); // the id is live: it was mapped
             }
         }
     }
@@ -452,7 +453,7 @@ private:
                 }
                 next = queue_.front();
             }
-            NXMEM_TRY(outcome, mechanism_->retire(next.record));
+            NXMEM_TRY(outcome, retire(next.record));
             if (!outcome) {
                 return boost::outcome_v2::success(); // not yet: it and everything after it wait
             }
@@ -473,6 +474,17 @@ private:
             completion.outcome.residual_owned_bytes = outcome->residual_owned_bytes;
             ++count;
             host_.release_completed(completion);
+        }
+    }
+
+    // A queued allocation's retirement: the mechanism's retire, or, for a mechanism that
+    // retires through release_allocation, that release's outcome at once.
+    result<std::optional<release_outcome>> retire(const allocation_record& record) {
+        if constexpr (defines_retire<M>) {
+            return mechanism_->retire(record);
+        } else {
+            NXMEM_TRY(released, mechanism_->release_allocation(record));
+            return std::optional<release_outcome>{released};
         }
     }
 
@@ -543,7 +555,7 @@ private:
             return fail(status_code::invalid_argument,
                         "no live shared prefix with id " + std::to_string(prefix_id));
         }
-        ++found->second;
+        ++found->second.references;
         return boost::outcome_v2::success();
     }
 
@@ -555,7 +567,7 @@ private:
                 return fail(status_code::invalid_argument,
                             "no live shared prefix with id " + std::to_string(prefix_id));
             }
-            if (--found->second > 0) {
+            if (--found->second.references > 0) {
                 return boost::outcome_v2::success();
             }
             prefix_references_.erase(found);
@@ -563,6 +575,39 @@ private:
         mechanism_->destroy_shared_prefix(prefix_id);
         this_module().live_shared_prefixes.fetch_sub(1);
         return boost::outcome_v2::success();
+    }
+
+    // The mechanism maps the prefix, reporting the commit or leaving it to the kit (nullopt).
+    result<std::optional<prefix_commit>> commit_prefix_in_mechanism(const allocation_record& record,
+                                                                    std::uint64_t prefix_id) {
+        if constexpr (commit_reports_prefix_cost<M>) {
+            NXMEM_TRY(reported, mechanism_->commit_shared_prefix(record, prefix_id));
+            return std::optional<prefix_commit>{reported};
+        } else {
+            NXMEM_TRY_VOID(mechanism_->commit_shared_prefix(record, prefix_id));
+            return std::optional<prefix_commit>{};
+        }
+    }
+
+    // One allocation mapping the prefix went: one sharer and one reference fewer.
+    result<void> drop_mapping_reference(std::uint64_t prefix_id) {
+        {
+            std::lock_guard lock(prefix_mutex_);
+            if (auto found = prefix_references_.find(prefix_id); found != prefix_references_.end()) {
+                --found->second.sharers;
+            }
+        }
+        return drop_prefix_reference(prefix_id);
+    }
+
+    // What a prefix costs (ABI.md C8): the memory it holds, its size in whole commit granules
+    // (the mechanism's commit_granularity(), else the system page), as an allocation's cost is.
+    std::uint64_t prefix_cost(std::uint64_t size) const {
+        std::uint64_t granule = nxmem::detail::system_page_bytes();
+        if constexpr (states_commit_granularity<M>) {
+            granule = mechanism_->commit_granularity();
+        }
+        return size % granule == 0 ? size : size + (granule - size % granule);
     }
 
     static NxmemStatusCode slot_create_shared_prefix(NxmemAllocatorVtable* table,
@@ -580,7 +625,8 @@ private:
             NXMEM_TRY(prefix_id, object.mechanism_->create_shared_prefix(request.size));
             {
                 std::lock_guard lock(object.prefix_mutex_);
-                object.prefix_references_[prefix_id] = 1;
+                object.prefix_references_[prefix_id] =
+                    prefix_state{1, request.size, object.prefix_cost(request.size), 0, false};
             }
             this_module().live_shared_prefixes.fetch_add(1);
             auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
@@ -626,18 +672,31 @@ private:
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
             const std::uint64_t prefix_id = request.prefix.prefix_id;
             NXMEM_TRY_VOID(object.add_prefix_reference(prefix_id)); // the mapping's own
-            result<prefix_commit> commit = object.mechanism_->commit_shared_prefix(record, prefix_id);
-            if (!commit || !object.registry_.add_prefix(record.address, prefix_id)) {
+            result<std::optional<prefix_commit>> mapped =
+                object.commit_prefix_in_mechanism(record, prefix_id);
+            if (!mapped || !object.registry_.add_prefix(record.address, prefix_id)) {
                 (void)object.drop_prefix_reference(prefix_id);
-                return commit ? fail(status_code::unknown_allocation,
+                return mapped ? fail(status_code::unknown_allocation,
                                      "the allocation was released while the prefix was mapped")
-                              : fail(commit.error().code, commit.error().message);
+                              : fail(mapped.error().code, mapped.error().message);
             }
             object.counts_.add(allocator_counts::views, 1);
+            // C8 from the kit's own bookkeeping, unless the mechanism reported it.
+            prefix_commit commit;
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                prefix_state& prefix = object.prefix_references_.at(prefix_id); // held by the mapping
+                ++prefix.sharers;
+                commit = {request.prefix.size, prefix.ever_mapped ? 0 : prefix.cost, prefix.sharers};
+                prefix.ever_mapped = true;
+            }
+            if (mapped.value()) {
+                commit = *mapped.value();
+            }
             auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
-            info.shared_bytes = commit.value().shared_bytes;
-            info.newly_mapped_bytes = commit.value().newly_mapped_bytes;
-            info.sharers = commit.value().sharers;
+            info.shared_bytes = commit.shared_bytes;
+            info.newly_mapped_bytes = commit.newly_mapped_bytes;
+            info.sharers = commit.sharers;
             return abi::write_output(out, info);
         });
     }
@@ -647,9 +706,27 @@ private:
     static NxmemStatusCode slot_query_usage(NxmemAllocatorVtable* table, NxmemAllocatorUsage* out,
                                             NxmemStatus* status) noexcept {
         return detail::run_slot(status, [&]() -> result<void> {
-            NXMEM_TRY(usage, self(table).mechanism_->usage());
+            NXMEM_TRY(usage, self(table).usage());
             return abi::write_output(out, usage.to_wire());
         });
+    }
+
+    // The mechanism's usage, completing the kit's counts if it asks for them.
+    result<allocator_usage> usage() {
+        if constexpr (usage_completes_kit_counts<M>) {
+            allocator_usage counted;
+            counted.live_allocations =
+                static_cast<std::uint64_t>(std::max<std::int64_t>(0, counts_.live_allocations()));
+            {
+                std::lock_guard lock(prefix_mutex_);
+                for (const auto& [prefix_id, prefix] : prefix_references_) {
+                    counted.shared_prefix_bytes += prefix.cost;
+                }
+            }
+            return mechanism_->usage(counted);
+        } else {
+            return mechanism_->usage();
+        }
     }
 
     // Per allocator: the granularity may depend on the device or on the allocator's options.
@@ -704,7 +781,16 @@ private:
     std::deque<queued_release> queue_;
     std::atomic<bool> draining_{false};
     std::mutex prefix_mutex_;
-    std::unordered_map<std::uint64_t, std::uint64_t> prefix_references_;
+    // Per live prefix: its references, its size and cost, the allocations mapping it now, and
+    // whether any ever did (C8: only the first mapping in its lifetime costs it).
+    struct prefix_state {
+        std::uint64_t references = 0;
+        std::uint64_t size = 0;
+        std::uint64_t cost = 0;
+        std::uint64_t sharers = 0;
+        bool ever_mapped = false;
+    };
+    std::unordered_map<std::uint64_t, prefix_state> prefix_references_;
 };
 
 } // namespace nxmem::plugin

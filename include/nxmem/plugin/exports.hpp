@@ -13,7 +13,7 @@
 
 namespace nxmem::plugin {
 
-template <publishable... Ms> struct plugin_exports {
+template <exportable_mechanism... Ms> struct plugin_exports {
     static_assert(sizeof...(Ms) >= 1 && sizeof...(Ms) <= NXMEM_MAX_FACTORIES,
                   "a plugin publishes between 1 and NXMEM_MAX_FACTORIES mechanisms");
     static constexpr bool ids_are_unique() {
@@ -74,6 +74,32 @@ template <publishable... Ms> struct plugin_exports {
     }
 };
 
+// What NXMEM_EXPORT_PLUGIN defines its exports with: plugin_exports when every class is
+// exportable, else a stand-in that compiles, so that a class missing a member fails the build
+// with assert_exportable's sentence for that member alone (naming the class in the instantiation
+// the compiler reports), not with a constraint failure per export.
+struct refused_exports {
+    static NxmemStatusCode negotiate(const NxmemNegotiateRequest*, NxmemNegotiateResponse*,
+                                     NxmemStatus*) noexcept {
+        return NXMEM_STATUS_INTERNAL_ERROR;
+    }
+    static NxmemStatusCode create_factories(NxmemAllocatorFactoryVtable**, std::uint32_t,
+                                            std::uint32_t*, NxmemStatus*) noexcept {
+        return NXMEM_STATUS_INTERNAL_ERROR;
+    }
+    static NxmemStatusCode query_unload_readiness(NxmemUnloadReport*, NxmemStatus*) noexcept {
+        return NXMEM_STATUS_INTERNAL_ERROR;
+    }
+};
+template <bool exportable, class... Ms> struct select_exports {
+    using type = refused_exports;
+};
+template <class... Ms> struct select_exports<true, Ms...> {
+    using type = plugin_exports<Ms...>;
+};
+template <class... Ms>
+using checked_exports = typename select_exports<(assert_exportable<Ms>() && ...), Ms...>::type;
+
 } // namespace nxmem::plugin
 
 // Defines the three exports for the listed mechanism classes.
@@ -81,17 +107,17 @@ template <publishable... Ms> struct plugin_exports {
     extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemNegotiate(                                 \
         const NxmemNegotiateRequest* request, NxmemNegotiateResponse* response,                    \
         NxmemStatus* status) {                                                                     \
-        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::negotiate(request, response, status); \
+        return ::nxmem::plugin::checked_exports<__VA_ARGS__>::negotiate(request, response, status); \
     }                                                                                              \
     extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemCreateAllocatorFactories(                  \
         NxmemAllocatorFactoryVtable** factories, uint32_t capacity, uint32_t* count,               \
         NxmemStatus* status) {                                                                     \
-        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::create_factories(factories, capacity, \
+        return ::nxmem::plugin::checked_exports<__VA_ARGS__>::create_factories(factories, capacity, \
                                                                               count, status);      \
     }                                                                                              \
     extern "C" NXMEM_PLUGIN_EXPORT NxmemStatusCode NxmemQueryUnloadReadiness(                      \
         NxmemUnloadReport* report, NxmemStatus* status) {                                          \
-        return ::nxmem::plugin::plugin_exports<__VA_ARGS__>::query_unload_readiness(report,        \
+        return ::nxmem::plugin::checked_exports<__VA_ARGS__>::query_unload_readiness(report,        \
                                                                                     status);       \
     }                                                                                              \
     static_assert(true, "NXMEM_EXPORT_PLUGIN is used as a declaration")

@@ -13,10 +13,7 @@
 
 namespace nxmem::plugin {
 
-template <class M>
-concept publishable = mechanism<M> || raw_mechanism<M>;
-
-template <publishable M> class factory_object {
+template <exportable_mechanism M> class factory_object {
 public:
     static_assert(M::mechanism_id != 0, "a mechanism id is non-zero");
     static_assert(std::string_view(M::name).size() > 0 &&

@@ -28,10 +28,12 @@ struct open_context {
     device_id device;
     plugin::options& options;
     const host_link& host;
+    const char* mechanism_name = ""; // M::name, for messages
 };
 
-// Memory a mechanism handed out: `size` usable bytes (at least those asked for) and the bytes
-// that cost memory now (`size` when eager, 0 when only reserved).
+// Memory a mechanism handed out: `size` usable bytes (at least those asked for) and what the
+// allocation costs now (ABI.md Q17): the memory it holds, whole pages or granules if it takes them
+// (so possibly more than `size`) when eager, 0 when only reserved.
 struct block {
     std::uint64_t address = 0;
     std::uint64_t size = 0;
@@ -39,7 +41,9 @@ struct block {
 };
 
 // A live allocation as the kit recorded it; handed back to the mechanism on every later call,
-// after the kit has checked the host's description against it.
+// after the kit has checked the host's description against it. `prefixes` lists the shared
+// prefixes mapped into it, on every call (commit, decommit, mapped_bytes, commit_shared_prefix
+// and the releases); copying a non-empty list is the only allocation that mapping costs a call.
 struct allocation_record {
     std::uint64_t address = 0;
     std::uint64_t size = 0; // as requested
@@ -55,6 +59,13 @@ struct release_outcome {
     std::uint64_t unmapped_bytes = 0;
     std::uint64_t residual_owned_bytes = 0;
 };
+
+// The concepts below take members with exactly the documented signatures: a member whose
+// parameter or return types differ (allocate(std::uint64_t, std::uint32_t), which would truncate
+// alignments of 2^32 and more) does not satisfy its concept, even where a call would compile.
+// A member is matched by converting its address to the member-function type the kit calls
+// (a `noexcept` member converts too; an overload set is matched by its exact overload).
+template <class M, class Signature> using member_function = Signature M::*;
 
 // "the mechanism has a name, a non-zero id and the device types it serves"
 template <class M>
@@ -72,37 +83,66 @@ concept raw_mechanism = mechanism_identity<M> &&
         { M::open_raw(request, out, status) } -> std::same_as<NxmemStatusCode>;
     };
 
-// "the mechanism releases an allocation without reporting how"
+// "the mechanism opens one instance per allocator:
+//  static result<std::unique_ptr<M>> open(open_context&)"
 template <class M>
-concept defines_deallocate = requires(M& instance, const allocation_record& record) {
-    { instance.deallocate(record) } -> std::same_as<result<void>>;
+concept mechanism_opens = requires {
+    static_cast<result<std::unique_ptr<M>> (*)(open_context&)>(&M::open);
 };
 
-// "the mechanism releases an allocation and reports how it ended"
+// "the mechanism allocates: result<block> allocate(std::uint64_t size, std::uint64_t alignment)"
 template <class M>
-concept defines_release_allocation = requires(M& instance, const allocation_record& record) {
-    { instance.release_allocation(record) } -> std::same_as<result<release_outcome>>;
+concept mechanism_allocates = requires {
+    static_cast<member_function<M, result<block>(std::uint64_t, std::uint64_t)>>(&M::allocate);
+};
+
+// "the mechanism releases an allocation without reporting how:
+//  result<void> deallocate(const allocation_record&)"
+template <class M>
+concept defines_deallocate = requires {
+    static_cast<member_function<M, result<void>(const allocation_record&)>>(&M::deallocate);
+};
+
+// "the mechanism releases an allocation and reports how it ended:
+//  result<release_outcome> release_allocation(const allocation_record&)"
+template <class M>
+concept defines_release_allocation = requires {
+    static_cast<member_function<M, result<release_outcome>(const allocation_record&)>>(
+        &M::release_allocation);
 };
 
 // "the mechanism opens per allocator, allocates, and releases": by deallocate, by
 // release_allocation, or both. A mechanism with release_allocation alone gets the deallocate slot
 // from the kit, which forwards to it (a FAILED outcome is a failed deallocate).
 template <class M>
-concept mechanism = mechanism_identity<M> &&
-    (defines_deallocate<M> || defines_release_allocation<M>) &&
-    requires(open_context& context, M& instance, std::uint64_t size, std::uint64_t alignment) {
-        { M::open(context) } -> std::same_as<result<std::unique_ptr<M>>>;
-        { instance.allocate(size, alignment) } -> std::same_as<result<block>>;
-    };
+concept mechanism = mechanism_identity<M> && mechanism_opens<M> && mechanism_allocates<M> &&
+    (defines_deallocate<M> || defines_release_allocation<M>);
+
+// What NXMEM_EXPORT_PLUGIN publishes: a mechanism, or a raw_mechanism with a hand-built table.
+template <class M>
+concept exportable_mechanism = mechanism<M> || raw_mechanism<M>;
 
 // NXMEM_CAP_VIRTUAL_BACKING: commit, decommit, mapped_bytes.
 template <class M>
-concept offers_virtual_backing = mechanism<M> &&
-    requires(M& instance, const allocation_record& record, byte_range range) {
-        { instance.commit(record, range) } -> std::same_as<result<void>>;
-        { instance.decommit(record, range) } -> std::same_as<result<void>>;
-        { instance.mapped_bytes(record) } -> std::same_as<result<std::uint64_t>>;
-    };
+concept offers_virtual_backing = mechanism<M> && requires {
+    static_cast<member_function<M, result<void>(const allocation_record&, byte_range)>>(&M::commit);
+    static_cast<member_function<M, result<void>(const allocation_record&, byte_range)>>(&M::decommit);
+    static_cast<member_function<M, result<std::uint64_t>(const allocation_record&)>>(&M::mapped_bytes);
+};
+
+// commit_shared_prefix either reports the commit itself (result<prefix_commit>) or leaves it to the
+// kit (result<void>): the kit knows each prefix's size, whether it was ever mapped and how many
+// allocations map it now, and answers C8's shared_bytes, newly_mapped_bytes and sharers.
+template <class M>
+concept commit_reports_prefix_cost = requires {
+    static_cast<member_function<M, result<prefix_commit>(const allocation_record&, std::uint64_t)>>(
+        &M::commit_shared_prefix);
+};
+template <class M>
+concept commit_leaves_prefix_cost_to_kit = requires {
+    static_cast<member_function<M, result<void>(const allocation_record&, std::uint64_t)>>(
+        &M::commit_shared_prefix);
+};
 
 // NXMEM_CAP_SHARED_MAPPING: prefixes named by a mechanism-chosen id. The kit counts references
 // (the creator's, each retain, and one per mapping) and calls destroy_shared_prefix when the last
@@ -110,36 +150,58 @@ concept offers_virtual_backing = mechanism<M> &&
 // deallocate (and release_allocation, retire) undo an allocation's mappings before returning.
 template <class M>
 concept offers_shared_mapping = mechanism<M> &&
-    requires(M& instance, std::uint64_t size, std::uint64_t prefix_id,
-             const allocation_record& record) {
-        { instance.create_shared_prefix(size) } -> std::same_as<result<std::uint64_t>>;
-        { instance.commit_shared_prefix(record, prefix_id) } -> std::same_as<result<prefix_commit>>;
-        { instance.destroy_shared_prefix(prefix_id) } -> std::same_as<void>;
+    (commit_reports_prefix_cost<M> || commit_leaves_prefix_cost_to_kit<M>) && requires {
+        static_cast<member_function<M, result<std::uint64_t>(std::uint64_t)>>(&M::create_shared_prefix);
+        static_cast<member_function<M, void(std::uint64_t)>>(&M::destroy_shared_prefix);
     };
+
+// A mechanism whose queued releases retire at the next drain, through its release_allocation:
+// `static constexpr bool retires_through_release_allocation = true;` instead of a retire member.
+template <class M>
+concept retires_through_release_allocation = defines_release_allocation<M> && requires {
+    requires M::retires_through_release_allocation;
+};
 
 // NXMEM_CAP_DEFERRED_RELEASE: a queued allocation retires when `retire` returns an outcome;
 // nullopt means "not yet" and keeps it (and everything queued after it) in the queue.
 template <class M>
+concept defines_retire = requires {
+    static_cast<member_function<M, result<std::optional<release_outcome>>(const allocation_record&)>>(
+        &M::retire);
+};
+template <class M>
 concept offers_deferred_release = mechanism<M> &&
-    requires(M& instance, const allocation_record& record) {
-        { instance.retire(record) } -> std::same_as<result<std::optional<release_outcome>>>;
-    };
+    (defines_retire<M> || retires_through_release_allocation<M>);
 
 // NXMEM_CAP_STRUCTURED_RELEASE (minor 1): a release that reports its outcome.
 template <class M>
 concept offers_structured_release = mechanism<M> && defines_release_allocation<M>;
 
-// NXMEM_CAP_USAGE_QUERY (minor 2): the mechanism reports what one allocator holds now.
+// NXMEM_CAP_USAGE_QUERY (minor 2): the mechanism reports what one allocator holds now, either
+// whole (`usage()`) or completing what the kit counts (`usage(allocator_usage counted)`: the kit
+// fills live_allocations, queued releases included, and shared_prefix_bytes, each live prefix at
+// its cost; the mechanism adds reserved, mapped and quarantined bytes). Either may be const.
 template <class M>
-concept offers_usage_query = mechanism<M> && requires(M& instance) {
-    { instance.usage() } -> std::same_as<result<allocator_usage>>;
+concept usage_counts_everything = requires {
+    static_cast<member_function<M, result<allocator_usage>()>>(&M::usage);
+} || requires {
+    static_cast<member_function<M, result<allocator_usage>() const>>(&M::usage);
 };
+template <class M>
+concept usage_completes_kit_counts = requires {
+    static_cast<member_function<M, result<allocator_usage>(allocator_usage)>>(&M::usage);
+} || requires {
+    static_cast<member_function<M, result<allocator_usage>(allocator_usage) const>>(&M::usage);
+};
+template <class M>
+concept offers_usage_query =
+    mechanism<M> && (usage_counts_everything<M> || usage_completes_kit_counts<M>);
 
 // Minor 2's commit granularity of a virtual-backing mechanism, per allocator (a device's
 // granularity, huge pages). Without it the kit states the system page size.
 template <class M>
-concept states_commit_granularity = offers_virtual_backing<M> && requires(const M& instance) {
-    { instance.commit_granularity() } -> std::convertible_to<std::uint64_t>;
+concept states_commit_granularity = offers_virtual_backing<M> && requires {
+    static_cast<member_function<M, std::uint64_t() const>>(&M::commit_granularity);
 };
 
 // NXMEM_CAP_HOST_RECLAIM: the mechanism may call the host's request_reclaim.
@@ -147,6 +209,83 @@ template <class M>
 concept uses_host_reclaim = mechanism<M> && requires {
     requires M::uses_host_reclaim;
 };
+
+// Asserts that M is a mechanism, one requirement at a time, so that the compiler's message names
+// the class (in the instantiation it reports) and the member missing or mistyped. Optional
+// members that are declared but do not match their signature fail too: a capability is never
+// silently absent because of a typo in a parameter type. NXMEM_EXPORT_PLUGIN calls it for each
+// class it publishes (a raw_mechanism is checked only for its identity and open_raw).
+template <class M> constexpr bool assert_mechanism() {
+    static_assert(requires { M::name; },
+                  "a mechanism has a name: `static constexpr const char* name = \"...\";`");
+    static_assert(requires { M::mechanism_id; },
+                  "a mechanism has an id: `static constexpr std::uint64_t mechanism_id = <non-zero>;`");
+    static_assert(requires { M::device_types; },
+                  "a mechanism names its device types: `static constexpr std::uint64_t device_types = "
+                  "device_bit(NXMEM_DEVICE_CPU) | ...;`");
+    static_assert(!requires {
+        M::name;
+        M::mechanism_id;
+        M::device_types;
+    } || mechanism_identity<M>,
+                  "a mechanism's name converts to const char*, its mechanism_id and device_types to "
+                  "std::uint64_t");
+    static_assert(mechanism_opens<M>,
+                  "a mechanism opens one instance per allocator: `static result<std::unique_ptr<M>> "
+                  "open(open_context&)`, exactly (missing, or a parameter or return type differs)");
+    static_assert(mechanism_allocates<M>,
+                  "a mechanism allocates: `result<block> allocate(std::uint64_t size, std::uint64_t "
+                  "alignment)`, exactly (missing, or a parameter or return type differs)");
+    static_assert(defines_deallocate<M> || defines_release_allocation<M>,
+                  "a mechanism releases: `result<void> deallocate(const allocation_record&)` and/or "
+                  "`result<release_outcome> release_allocation(const allocation_record&)`, exactly");
+    static_assert(!requires { &M::deallocate; } || defines_deallocate<M>,
+                  "deallocate is declared but is not `result<void> deallocate(const "
+                  "allocation_record&)`");
+    static_assert(!requires { &M::release_allocation; } || defines_release_allocation<M>,
+                  "release_allocation is declared but is not `result<release_outcome> "
+                  "release_allocation(const allocation_record&)`");
+    static_assert((!requires { &M::commit; } && !requires { &M::decommit; } &&
+                   !requires { &M::mapped_bytes; }) ||
+                      offers_virtual_backing<M>,
+                  "virtual backing is declared in part or with other signatures: it takes all of "
+                  "`result<void> commit(const allocation_record&, byte_range)`, `result<void> "
+                  "decommit(const allocation_record&, byte_range)` and `result<std::uint64_t> "
+                  "mapped_bytes(const allocation_record&)`");
+    static_assert((!requires { &M::create_shared_prefix; } &&
+                   !requires { &M::commit_shared_prefix; } &&
+                   !requires { &M::destroy_shared_prefix; }) ||
+                      offers_shared_mapping<M>,
+                  "shared mapping is declared in part or with other signatures: it takes all of "
+                  "`result<std::uint64_t> create_shared_prefix(std::uint64_t size)`, "
+                  "`result<prefix_commit> (or result<void>) commit_shared_prefix(const "
+                  "allocation_record&, std::uint64_t prefix_id)` and `void "
+                  "destroy_shared_prefix(std::uint64_t prefix_id)`");
+    static_assert(!requires { &M::retire; } || defines_retire<M>,
+                  "retire is declared but is not `result<std::optional<release_outcome>> retire(const "
+                  "allocation_record&)`");
+    static_assert(!requires { M::retires_through_release_allocation; } ||
+                      retires_through_release_allocation<M>,
+                  "retires_through_release_allocation needs `result<release_outcome> "
+                  "release_allocation(const allocation_record&)`");
+    static_assert(!requires { &M::usage; } || usage_counts_everything<M> ||
+                      usage_completes_kit_counts<M>,
+                  "usage is declared but is neither `result<allocator_usage> usage()` nor "
+                  "`result<allocator_usage> usage(allocator_usage counted)` (either may be const)");
+    static_assert(!requires { &M::commit_granularity; } || states_commit_granularity<M>,
+                  "commit_granularity is declared but is not `std::uint64_t commit_granularity() "
+                  "const` on a mechanism with virtual backing");
+    return mechanism<M>;
+}
+
+// The same for every class NXMEM_EXPORT_PLUGIN publishes.
+template <class M> constexpr bool assert_exportable() {
+    if constexpr (raw_mechanism<M>) {
+        return true;
+    } else {
+        return assert_mechanism<M>();
+    }
+}
 
 template <mechanism M> constexpr NxmemCapabilities capabilities_of() noexcept {
     NxmemCapabilities flags = 0;
