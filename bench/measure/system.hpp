@@ -1,9 +1,10 @@
 // What the process and the machine report about themselves: the load average (a ratio of two
-// thread counts means little on a busy machine), the C heap's bytes in use, and resident and
-// proportional set sizes.
+// thread counts means little on a busy machine), minor page faults, the C heap's bytes in use,
+// and resident and proportional set sizes.
 #pragma once
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdint>
 #include <fstream>
@@ -21,6 +22,14 @@ inline std::optional<double> load_average() {
         return std::nullopt;
     }
     return one_minute;
+}
+
+// Minor page faults of the whole process so far (getrusage's ru_minflt): a page touched for the
+// first time since it was mapped or given back costs one.
+inline std::uint64_t minor_faults() noexcept {
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);
+    return static_cast<std::uint64_t>(usage.ru_minflt);
 }
 
 // Bytes the C heap has handed out and not had back: chunks in its arenas plus chunks it mapped
