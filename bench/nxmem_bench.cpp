@@ -84,12 +84,6 @@ bool posix_ready(benchmark::State& state) {
     return true;
 }
 
-// A positive count from the environment, else `otherwise`.
-std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
-    const char* text = std::getenv(name);
-    const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
-    return wanted != 0 ? wanted : otherwise;
-}
 std::uint64_t live_count() { return count_from_environment("NXMEM_BENCH_LIVE", 1000000); }
 
 std::uint64_t table_id_base(unsigned route) { return (1ull << 62) + (std::uint64_t{route} << 48); }

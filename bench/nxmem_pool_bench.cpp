@@ -85,11 +85,6 @@ subjects& opened() {
     return made;
 }
 
-std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
-    const char* text = std::getenv(name);
-    const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
-    return wanted != 0 ? wanted : otherwise;
-}
 
 // Figures noted during the runs and printed with the ratios.
 nxmem::bench::context_notes& run_notes() {

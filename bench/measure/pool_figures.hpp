@@ -107,9 +107,8 @@ inline result<plugin_bench_report> run_pool_bench(const plugin_bench_options& op
         const std::uint64_t count = std::max<std::uint64_t>(1, iterations / size.iteration_divisor);
         const std::string at = std::string("round_trip.") + size.label;
         const std::string label = std::string(" at ") + size.label;
-        NXMEM_TRY(pooled_ns, nanoseconds_per_call(detail::round_trips(pooled, size.bytes), count));
-        NXMEM_TRY(direct_ns, nanoseconds_per_call(detail::round_trips(unpooled, size.bytes), count));
-        NXMEM_TRY(malloc_ns, nanoseconds_per_call(detail::round_trips(heap, size.bytes), count));
+        NXMEM_TRY(times, detail::round_trip_nanoseconds(size.bytes, count, pooled, unpooled, heap));
+        const auto [pooled_ns, direct_ns, malloc_ns] = times;
         add(at + ".pooled_ns", "allocate + release through the pool" + label, pooled_ns, "ns");
         add(at + ".direct_ns", "allocate + release through the host adapter, unpooled" + label, direct_ns, "ns");
         add(at + ".malloc_ns", "malloc + free" + label, malloc_ns, "ns");

@@ -29,6 +29,11 @@ public:
         return made.value();
     }
     bool release(const handle& live) { return pool_->release(live).has_value(); }
+    // As an engine holds a pool allocation: the result itself, no optional copied from it.
+    bool round_trip(std::uint64_t size, std::uint64_t alignment) {
+        result<handle> made = pool_->allocate(size, alignment);
+        return made.has_value() && pool_->release(made.assume_value()).has_value();
+    }
 
 private:
     Pool* pool_;

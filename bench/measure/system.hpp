@@ -7,12 +7,20 @@
 #include <sys/resource.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
 
 namespace nxmem::measure {
+
+// A positive count from the environment variable `name`, else `otherwise`.
+inline std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
+    const char* text = std::getenv(name);
+    const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
+    return wanted != 0 ? wanted : otherwise;
+}
 
 // The 1-minute load average from /proc/loadavg; nullopt where it cannot be read.
 inline std::optional<double> load_average() {
