@@ -3,10 +3,12 @@
 //   lazy_kv_store  posix-lazy through the host: each sequence reserves its longest length, maps
 //                  its prompt's shared prefix (written once, by the first sequence that uses it),
 //                  and commits one block per step
-//   heap_kv_store  nxmem::heap_allocator: each sequence copies its prompt into blocks of its own
-//                  and allocates one block per step
+//   block_kv_store any DeviceAllocator of cpu memory (nxmem::heap_allocator, a pool): each
+//                  sequence copies its prompt into blocks of its own and allocates one block per
+//                  step
 // Both write every block they add. The replay reports blocks per second (the writes included)
-// and the peak resident and proportional set sizes.
+// and the peak resident and proportional set sizes; with a store that says what it holds
+// (held_bytes() and live_bytes(), a pooled block store), the peaks of both as well.
 #pragma once
 
 #include <measure/system.hpp>
@@ -43,6 +45,8 @@ struct kv_replay_result {
     double seconds = 0;                // the replay, PSS sampling excluded
     std::uint64_t peak_rss = 0; // above what the process held when the replay began
     std::uint64_t peak_pss = 0; // the same, sampled every 8 steps
+    std::uint64_t peak_held = 0; // the store's held_bytes() after each step, at most (0: not said)
+    std::uint64_t peak_live = 0; // the store's live_bytes() after each step, at most
 };
 
 // Runs the trace against `store` (see the two stores below for what it must offer).
@@ -91,6 +95,10 @@ template <class Store> result<kv_replay_result> replay_kv_trace(Store& store, co
             }
         }
         busy += std::chrono::steady_clock::now() - start;
+        if constexpr (requires { store.held_bytes(); store.live_bytes(); }) {
+            outcome.peak_held = std::max<std::uint64_t>(outcome.peak_held, store.held_bytes());
+            outcome.peak_live = std::max<std::uint64_t>(outcome.peak_live, store.live_bytes());
+        }
         if (++step % 8 == 0) {
             pss_peak = std::max(pss_peak, measure::pss_bytes().value_or(0));
         }
@@ -176,13 +184,25 @@ private:
     std::vector<prompt> prompts_;
 };
 
-class heap_kv_store {
+template <class Blocks> class block_kv_store {
 public:
     struct sequence {
         std::vector<allocation<cpu_device>> blocks;
     };
 
-    explicit heap_kv_store(const kv_trace_shape& shape) : shape_(shape) {}
+    block_kv_store(Blocks& blocks, const kv_trace_shape& shape) : heap_(blocks), shape_(shape) {}
+
+    // What a pool holds and hands out, where `Blocks` is one.
+    std::uint64_t held_bytes() const
+        requires requires(const Blocks& pool) { pool.usage(); }
+    {
+        return heap_.usage().held_bytes;
+    }
+    std::uint64_t live_bytes() const
+        requires requires(const Blocks& pool) { pool.usage(); }
+    {
+        return heap_.usage().in_use_bytes;
+    }
 
     result<sequence> start(unsigned /*prompt: every sequence copies its own*/) {
         sequence made;
@@ -211,8 +231,8 @@ public:
     }
 
 private:
+    Blocks& heap_;
     kv_trace_shape shape_;
-    heap_allocator heap_;
 };
 
 } // namespace nxmem::bench

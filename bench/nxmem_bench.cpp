@@ -84,12 +84,6 @@ bool posix_ready(benchmark::State& state) {
     return true;
 }
 
-// A positive count from the environment, else `otherwise`.
-std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
-    const char* text = std::getenv(name);
-    const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
-    return wanted != 0 ? wanted : otherwise;
-}
 std::uint64_t live_count() { return count_from_environment("NXMEM_BENCH_LIVE", 1000000); }
 
 std::uint64_t table_id_base(unsigned route) { return (1ull << 62) + (std::uint64_t{route} << 48); }
@@ -479,7 +473,8 @@ template <class Store> void replay(benchmark::State& state, Store& store) {
 void kv_replay_benchmark(benchmark::State& state, std::string store_name) {
     const nxmem::bench::kv_trace_shape shape;
     if (store_name == "heap") {
-        nxmem::bench::heap_kv_store store(shape);
+        nxmem::heap_allocator heap;
+        nxmem::bench::block_kv_store<nxmem::heap_allocator> store(heap, shape);
         replay(state, store);
         return;
     }
@@ -600,23 +595,5 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
 } // namespace
 
 int main(int argc, char** argv) {
-    bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        json = json || std::strcmp(argv[i], "--benchmark_format=json") == 0;
-    }
-    std::vector<nxmem::bench::ratio_spec> ratios = register_benchmarks();
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-        return 2;
-    }
-    nxmem::bench::context_notes& notes = run_notes();
-    std::unique_ptr<benchmark::BenchmarkReporter> reporter;
-    if (json) {
-        reporter = std::make_unique<nxmem::bench::json_with_ratios>(ratios, notes);
-    } else {
-        reporter = std::make_unique<nxmem::bench::console_with_ratios>(ratios, notes);
-    }
-    benchmark::RunSpecifiedBenchmarks(reporter.get());
-    benchmark::Shutdown();
-    return 0;
+    return nxmem::bench::run_with_ratios(argc, argv, register_benchmarks(), run_notes());
 }

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nxmem::bench {
@@ -25,7 +27,10 @@ struct measured {
 };
 
 // How one ratio is made: `numerator` / `denominator` (or their difference), each a benchmark
-// name and a field: "ns" for the real time per iteration, else a counter's name.
+// name and a field: "ns" for the real time per iteration, else a counter's name. A name of the
+// form "ratio:KEY" is the value of the ratio KEY listed before it (a ratio of two ratios, e.g. a
+// pool's two-thread scaling against malloc's); its field is ignored. An empty denominator makes
+// the figure the numerator's field alone (a count a benchmark reports, listed with the ratios).
 struct ratio_spec {
     std::string key;
     std::string what;
@@ -77,17 +82,30 @@ public:
 
     std::vector<ratio_value> evaluate(const std::vector<ratio_spec>& specs) const {
         std::vector<ratio_value> values;
+        std::map<std::string, double> evaluated;
+        auto operand = [&](const std::string& name, const std::string& wanted) -> std::optional<double> {
+            if (name.rfind("ratio:", 0) == 0) {
+                auto found = evaluated.find(name.substr(6));
+                return found == evaluated.end() ? std::nullopt : std::optional<double>(found->second);
+            }
+            return field(name, wanted);
+        };
         for (const ratio_spec& spec : specs) {
-            std::optional<double> top = field(spec.numerator, spec.field);
+            std::optional<double> top = operand(spec.numerator, spec.field);
             std::optional<double> bottom =
-                field(spec.denominator, spec.denominator_field.empty() ? spec.field : spec.denominator_field);
+                operand(spec.denominator, spec.denominator_field.empty() ? spec.field : spec.denominator_field);
             std::optional<double> value;
-            if (top && bottom) {
+            if (spec.denominator.empty()) {
+                value = top;
+            } else if (top && bottom) {
                 if (spec.difference) {
                     value = *top - *bottom;
                 } else if (*bottom != 0) {
                     value = *top / *bottom;
                 }
+            }
+            if (value) {
+                evaluated[spec.key] = *value;
             }
             values.push_back({&spec, value});
         }
@@ -175,5 +193,28 @@ private:
     const context_notes& notes_;
     run_memory memory_;
 };
+
+// The main of a bench program once its benchmarks are registered (`ratios` made with them):
+// runs those the command line selects and prints the table and the ratios, or one JSON document
+// with --benchmark_format=json. Returns the exit status.
+inline int run_with_ratios(int argc, char** argv, const std::vector<ratio_spec>& ratios, const context_notes& notes) {
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        json = json || std::string_view(argv[i]) == "--benchmark_format=json";
+    }
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
+        return 2;
+    }
+    std::unique_ptr<benchmark::BenchmarkReporter> reporter;
+    if (json) {
+        reporter = std::make_unique<json_with_ratios>(ratios, notes);
+    } else {
+        reporter = std::make_unique<console_with_ratios>(ratios, notes);
+    }
+    benchmark::RunSpecifiedBenchmarks(reporter.get());
+    benchmark::Shutdown();
+    return 0;
+}
 
 } // namespace nxmem::bench

@@ -13,6 +13,7 @@
 
 #include <nxmem/host.hpp>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -99,6 +100,31 @@ template <class Route> auto round_trips(Route& route, std::uint64_t size) {
     return [&route, size] { return round_trip(route, size, round_trip_alignment); };
 }
 
+// Nanoseconds per round trip at `size` through each route in turn, `count` a timed run.
+template <class... Routes>
+result<std::array<double, sizeof...(Routes)>> round_trip_nanoseconds(std::uint64_t size, std::uint64_t count,
+                                                                     Routes&... routes) {
+    std::array<double, sizeof...(Routes)> times{};
+    std::size_t next = 0;
+    std::optional<error> failed;
+    auto time_one = [&](auto& route) {
+        if (failed) {
+            return;
+        }
+        result<double> ns = nanoseconds_per_call(round_trips(route, size), count);
+        if (ns) {
+            times[next++] = ns.value();
+        } else {
+            failed = ns.error();
+        }
+    };
+    (time_one(routes), ...);
+    if (failed) {
+        return boost::outcome_v2::failure(std::move(*failed));
+    }
+    return times;
+}
+
 } // namespace detail
 
 // The mechanism named, or the first serving cpu; a clear error when there is none.
@@ -147,9 +173,8 @@ inline result<plugin_bench_report> run_plugin_bench(const plugin_bench_options& 
         const std::uint64_t count = std::max<std::uint64_t>(1, iterations / size.iteration_divisor);
         const std::string at = std::string("round_trip.") + size.label;
         const std::string label = std::string(" at ") + size.label;
-        NXMEM_TRY(adapter_ns, nanoseconds_per_call(detail::round_trips(adapter, size.bytes), count));
-        NXMEM_TRY(table_ns, nanoseconds_per_call(detail::round_trips(table, size.bytes), count));
-        NXMEM_TRY(malloc_ns, nanoseconds_per_call(detail::round_trips(heap, size.bytes), count));
+        NXMEM_TRY(times, detail::round_trip_nanoseconds(size.bytes, count, adapter, table, heap));
+        const auto [adapter_ns, table_ns, malloc_ns] = times;
         add(at + ".adapter_ns", "allocate + release through the host adapter" + label, adapter_ns, "ns");
         add(at + ".table_ns", "allocate + release through the plugin's table called directly" + label, table_ns, "ns");
         add(at + ".malloc_ns", "malloc + free" + label, malloc_ns, "ns");

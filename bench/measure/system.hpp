@@ -1,17 +1,26 @@
 // What the process and the machine report about themselves: the load average (a ratio of two
-// thread counts means little on a busy machine), the C heap's bytes in use, and resident and
-// proportional set sizes.
+// thread counts means little on a busy machine), minor page faults, the C heap's bytes in use,
+// and resident and proportional set sizes.
 #pragma once
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
 
 namespace nxmem::measure {
+
+// A positive count from the environment variable `name`, else `otherwise`.
+inline std::uint64_t count_from_environment(const char* name, std::uint64_t otherwise) {
+    const char* text = std::getenv(name);
+    const std::uint64_t wanted = text != nullptr ? std::strtoull(text, nullptr, 10) : 0;
+    return wanted != 0 ? wanted : otherwise;
+}
 
 // The 1-minute load average from /proc/loadavg; nullopt where it cannot be read.
 inline std::optional<double> load_average() {
@@ -21,6 +30,14 @@ inline std::optional<double> load_average() {
         return std::nullopt;
     }
     return one_minute;
+}
+
+// Minor page faults of the whole process so far (getrusage's ru_minflt): a page touched for the
+// first time since it was mapped or given back costs one.
+inline std::uint64_t minor_faults() noexcept {
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);
+    return static_cast<std::uint64_t>(usage.ru_minflt);
 }
 
 // Bytes the C heap has handed out and not had back: chunks in its arenas plus chunks it mapped

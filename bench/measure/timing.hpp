@@ -42,6 +42,22 @@ result<double> nanoseconds_per_call(Operation&& operation, std::uint64_t iterati
 // made by `make_operation(thread_index)` before the clock starts (so each thread may hold its own
 // route or allocator). All threads start together; the clock stops when the last one finishes.
 template <class MakeOperation>
+result<double> calls_per_second(unsigned threads, std::uint64_t iterations, MakeOperation&& make_operation);
+
+// The best of `repetitions` runs of calls_per_second: on a busy machine one run may lose its
+// threads' time slices to others, and the least disturbed run is the closest to the figure.
+template <class MakeOperation>
+result<double> best_calls_per_second(unsigned threads, std::uint64_t iterations, MakeOperation&& make_operation,
+                                     unsigned repetitions = 3) {
+    double best = 0;
+    for (unsigned run = 0; run < repetitions; ++run) {
+        NXMEM_TRY(rate, calls_per_second(threads, iterations, make_operation));
+        best = std::max(best, rate);
+    }
+    return best;
+}
+
+template <class MakeOperation>
 result<double> calls_per_second(unsigned threads, std::uint64_t iterations, MakeOperation&& make_operation) {
     using operation = std::function<bool()>;
     std::vector<operation> operations;

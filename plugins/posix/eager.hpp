@@ -1,9 +1,10 @@
 // posix-eager: memory that is usable, and costs, from the moment it is allocated.
-//   small (under 256 KiB, aligned to at most a page)  malloc from the C heap (posix_memalign
-//                                                     when aligned beyond malloc's guarantee)
+//   small (under mmap_threshold, 256 KiB by default,  malloc from the C heap (posix_memalign
+//          aligned to at most a page)                 when aligned beyond malloc's guarantee)
 //   large (everything else)                           an anonymous private mmap, over-mapped by
 //                                                     the alignment and trimmed with munmap
-// The path is a pure function of (size, alignment), so a release finds it again from the kit's
+// The path is a pure function of (size, alignment) and the threshold fixed at open, so a release
+// finds it again from the kit's
 // record: the mechanism keeps no per-allocation state and takes no lock of its own. A small
 // allocation without a budget costs what the C heap's own malloc and free cost plus two counts
 // in this thread's cell: no locked instruction, no text, nothing shared with other threads.
@@ -29,14 +30,14 @@ public:
     static constexpr std::uint64_t mechanism_id = 0x504f5801; // "POX" 1
     static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CPU);
     static constexpr bool uses_host_reclaim = true; // when a budget is set
-    static constexpr std::uint64_t small_limit = 256 * 1024;
 
-    eager_mechanism(const settings& taken, const plugin::open_context& context)
-        : settings_(taken), page_(page_bytes()), unbudgeted_small_limit_(taken.budget ? 0 : small_limit),
+    eager_mechanism(const eager_settings& taken, const plugin::open_context& context)
+        : settings_(taken), page_(page_bytes()), small_limit_(taken.mmap_threshold),
+          unbudgeted_small_limit_(taken.budget ? 0 : taken.mmap_threshold),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     static result<std::unique_ptr<eager_mechanism>> open(plugin::open_context& context) {
-        NXMEM_TRY(taken, settings::take(context.options, name));
+        NXMEM_TRY(taken, eager_settings::take(context.options, name));
         return std::make_unique<eager_mechanism>(taken, context);
     }
 
@@ -79,7 +80,7 @@ private:
     }
 
     bool is_small(std::uint64_t size, std::uint64_t alignment) const noexcept {
-        return size < small_limit && alignment <= page_;
+        return size < small_limit_ && alignment <= page_;
     }
 
     // malloc's own alignment covers every fundamental type (16 bytes on x86-64 glibc); beyond
@@ -176,9 +177,10 @@ private:
         return address;
     }
 
-    settings settings_;
+    eager_settings settings_;
     std::uint64_t page_;
-    std::uint64_t unbudgeted_small_limit_; // small_limit without a budget, else 0
+    std::uint64_t small_limit_;            // mmap_threshold: the C heap below it
+    std::uint64_t unbudgeted_small_limit_; // small_limit_ without a budget, else 0
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
     // Per allocator and per thread: no cache line shared by every allocator's threads, no locked

@@ -2,7 +2,10 @@
 // and shared prefixes backed by memfds mapped over the start of many allocations.
 //
 //   allocate              mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), page-rounded,
-//                         aligned as asked (at least to a page); costs no memory
+//                         aligned as asked (at least to a page); costs no memory. With
+//                         commit=allocate: mmap(PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS)
+//                         instead, the whole allocation committed and charged at once
+//                         (+ MADV_POPULATE_WRITE with populate=1)
 //   commit                mprotect(PROT_READ|PROT_WRITE) per run of uncommitted pages in the range
 //                         (+ MADV_POPULATE_WRITE with populate=1)
 //   decommit              mmap(PROT_NONE, MAP_FIXED|MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)
@@ -60,7 +63,7 @@ public:
     static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CPU);
     static constexpr bool uses_host_reclaim = true; // when a budget is set
 
-    lazy_mechanism(const settings& taken, const plugin::open_context& context)
+    lazy_mechanism(const lazy_settings& taken, const plugin::open_context& context)
         : settings_(taken),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
@@ -77,7 +80,7 @@ public:
     }
 
     static result<std::unique_ptr<lazy_mechanism>> open(plugin::open_context& context) {
-        NXMEM_TRY(taken, settings::take(context.options, name));
+        NXMEM_TRY(taken, lazy_settings::take(context.options, name));
         return std::make_unique<lazy_mechanism>(taken, context);
     }
 
@@ -91,19 +94,16 @@ public:
         if (huge && placed < huge_page_bytes) {
             placed = huge_page_bytes;
         }
+        if (settings_.commit_at_allocate) {
+            // Committed whole: charged (asking the host to reclaim when short) and mapped usable.
+            return budget_.charged<plugin::block>(size, [&] { return map_committed(size, length, placed, huge); });
+        }
         NXMEM_TRY(address, map_aligned(length, placed, PROT_NONE,
                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, name));
         if (huge) {
             advise_huge_pages(address, length);
         }
-        try {
-            reservations_.insert(address, std::make_shared<reservation>(address, size, length));
-        } catch (...) {
-            unmap(address, length);
-            throw; // the guard reports it
-        }
-        live_allocations_.fetch_add(1, std::memory_order_relaxed);
-        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+        record_reservation(address, size, length, 0);
         return plugin::block{address, size, 0};
     }
 
@@ -326,6 +326,51 @@ private:
                          nxmem::detail::to_hex(record.address)};
     }
 
+    // Tables the new reservation at `address` (`committed` of its bytes committed: 0 or all) and
+    // counts it; unmaps it when the table cannot take it.
+    void record_reservation(std::uint64_t address, std::uint64_t size, std::uint64_t length,
+                                    std::uint64_t committed) {
+        try {
+            auto held = std::make_shared<reservation>(address, size, length);
+            if (committed != 0) {
+                held->committed.insert(0, length / page_bytes());
+                held->committed_bytes = committed;
+            }
+            reservations_.insert(address, std::move(held));
+        } catch (...) {
+            unmap(address, length);
+            throw; // the guard reports it
+        }
+        live_allocations_.fetch_add(1, std::memory_order_relaxed);
+        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
+        mapped_bytes_.fetch_add(committed, std::memory_order_relaxed);
+    }
+
+    // commit=allocate: one readable, writable mapping for the whole allocation, committed at
+    // once; its `size` has been charged to the budget.
+    result<plugin::block> map_committed(std::uint64_t size, std::uint64_t length, std::uint64_t placed,
+                                        bool huge) {
+        NXMEM_TRY(address, map_aligned(length, placed, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, name));
+        if (huge) {
+            advise_huge_pages(address, length);
+        }
+        if (settings_.populate) {
+            if (const int code = populate_for_writing(address, length, populate_supported_); code != 0) {
+                unmap(address, length);
+                return fail(status_code::out_of_memory,
+                            std::string(name) + ": populating " + std::to_string(length) +
+                                " bytes failed: " + errno_text(code));
+            }
+        }
+        try {
+            record_reservation(address, size, length, size);
+        } catch (...) {
+            budget_.credit(size); // unmapped already
+            throw;
+        }
+        return plugin::block{address, size, size};
+    }
+
     // The reservation behind `record`. The kit has checked the record against its own; a stale
     // copy (released, or its address reused since) is refused here.
     result<std::shared_ptr<reservation>> find(const plugin::allocation_record& record) {
@@ -493,7 +538,7 @@ private:
         return prefix_id;
     }
 
-    settings settings_;
+    lazy_settings settings_;
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
     nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;

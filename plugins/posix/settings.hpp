@@ -1,8 +1,10 @@
-// The open options both posix mechanisms understand, taken from the open request:
-//   huge_pages=BOOL   MADV_HUGEPAGE on mappings of 2 MiB or more, aligned to 2 MiB
-//   populate=BOOL     pre-fault committed memory with MADV_POPULATE_WRITE
-//   budget=BYTES      a ceiling on the bytes the allocator costs (suffixes k, M, G)
-// The kit refuses any other option, naming it.
+// The open options the posix mechanisms understand, taken from the open request:
+//   huge_pages=BOOL        both: MADV_HUGEPAGE on mappings of 2 MiB or more, aligned to 2 MiB
+//   populate=BOOL          both: pre-fault committed memory with MADV_POPULATE_WRITE
+//   budget=BYTES           both: a ceiling on the bytes the allocator costs (suffixes k, M, G)
+//   mmap_threshold=BYTES   posix-eager: requests of this size or more are mmap'd (default 256 KiB)
+//   commit=explicit|allocate  posix-lazy: commit by range (default) or the whole allocation at allocate
+// The kit refuses any other option, naming it (an eager option given to lazy included).
 #pragma once
 
 #include <nxmem/plugin/options.hpp>
@@ -30,6 +32,45 @@ struct settings {
                         std::string(mechanism) + ": option 'budget' must be at least one byte");
         }
         taken.budget = budget;
+        return taken;
+    }
+};
+
+// posix-eager's: the common options and where the C heap stops and mmap starts.
+struct eager_settings : settings {
+    static constexpr std::uint64_t default_mmap_threshold = 256 * 1024;
+    // Requests of this size or more (and any aligned beyond a page) are mmap'd; smaller ones come
+    // from the C heap. 0 maps everything.
+    std::uint64_t mmap_threshold = default_mmap_threshold;
+
+    static result<eager_settings> take(plugin::options& options, const char* mechanism) {
+        eager_settings taken;
+        NXMEM_TRY(common, settings::take(options, mechanism));
+        static_cast<settings&>(taken) = common;
+        NXMEM_TRY(threshold, options.take_bytes("mmap_threshold"));
+        taken.mmap_threshold = threshold.value_or(default_mmap_threshold);
+        return taken;
+    }
+};
+
+// posix-lazy's: the common options and when memory is committed.
+struct lazy_settings : settings {
+    // commit=allocate: allocate maps the whole allocation readable and writable (and charges it),
+    // so an engine that uses all of every allocation makes one mmap and one munmap, not also an
+    // mprotect per commit. Decommit and commit still work on it as on any allocation.
+    bool commit_at_allocate = false;
+
+    static result<lazy_settings> take(plugin::options& options, const char* mechanism) {
+        lazy_settings taken;
+        NXMEM_TRY(common, settings::take(options, mechanism));
+        static_cast<settings&>(taken) = common;
+        const std::optional<std::string> commit = options.take("commit");
+        if (commit && *commit != "explicit" && *commit != "allocate") {
+            return fail(status_code::invalid_argument,
+                        std::string(mechanism) + ": option 'commit' = '" + *commit +
+                            "' is neither 'explicit' nor 'allocate'");
+        }
+        taken.commit_at_allocate = commit && *commit == "allocate";
         return taken;
     }
 };

@@ -8,6 +8,7 @@ NXMEM_DEB_PACKAGES=(
   libclang-rt-14-dev abigail-tools
   librapidcheck-dev # property tests (test/pool)
   valgrind # the instruction budgets (test/perf): callgrind
+  libjemalloc-dev libmimalloc-dev # bench/: in-run baselines of the pool, dlopen'd beside glibc malloc
 )
 
 # Prints the packages of NXMEM_DEB_PACKAGES that dpkg does not report as installed.

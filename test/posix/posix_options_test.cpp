@@ -3,6 +3,7 @@
 // retries once, and otherwise fails with OUT_OF_MEMORY naming the budget.
 #include "posix_support.hpp"
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,111 @@ TEST_CASE("options that do not parse or that nobody knows are refused by name",
         auto opened = host::open_allocator<cpu_device>(module, mechanism, 0, good);
         CHECK(opened);
     }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("each mechanism's own option is refused by the other and checked by its owner",
+          "[posix][options][bad-input]") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    struct refusal {
+        const char* mechanism;
+        const char* options;
+        const char* named;
+    };
+    for (refusal bad : {refusal{"posix-lazy", "mmap_threshold=1M", "mmap_threshold"},
+                        refusal{"posix-eager", "commit=allocate", "commit"},
+                        refusal{"posix-eager", "mmap_threshold=big", "mmap_threshold"},
+                        refusal{"posix-eager", "mmap_threshold=1M;mmap_threshold=2M", "mmap_threshold"},
+                        refusal{"posix-lazy", "commit=sometimes", "commit"},
+                        refusal{"posix-lazy", "commit=", "commit"}}) {
+        INFO(bad.mechanism << " with options '" << bad.options << "'");
+        auto refused = host::open_allocator<cpu_device>(module, bad.mechanism, 0, bad.options);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::invalid_argument);
+        CHECK_THAT(refused.error().message, Catch::Contains(bad.named));
+    }
+    for (refusal good : {refusal{"posix-eager", "mmap_threshold=0", ""},
+                         refusal{"posix-eager", "mmap_threshold=64M;budget=1G", ""},
+                         refusal{"posix-lazy", "commit=explicit", ""},
+                         refusal{"posix-lazy", "commit=allocate;huge_pages=1;populate=1", ""}}) {
+        INFO(good.mechanism << " with options '" << good.options << "'");
+        CHECK(host::open_allocator<cpu_device>(module, good.mechanism, 0, good.options));
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix-eager's mmap_threshold moves the switch from the C heap to whole mapped pages",
+          "[posix][options]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        // What one allocation costs tells its path: exactly its size from the heap, whole pages
+        // from mmap (usage() counts the cost; the allocation reports the size asked).
+        auto cost_of = [](host::plugin_allocator<cpu_device>& eager, std::uint64_t size) {
+            auto live = value_or_fail(eager.allocate(size, 16));
+            std::memset(live.address, 0x5A, size); // usable, every byte
+            const std::uint64_t cost = value_or_fail(eager.query_usage()).mapped_bytes;
+            REQUIRE(eager.release(live));
+            return cost;
+        };
+        const std::uint64_t ragged = 100 * 1024 + 1; // not a page multiple
+        const std::uint64_t whole_pages = (ragged + page - 1) / page * page;
+        auto by_default = open_or_fail<cpu_device>(module, "posix-eager");
+        CHECK(cost_of(by_default, ragged) == ragged);
+        CHECK(cost_of(by_default, (1u << 20) + 1) == (1u << 20) + page);
+
+        auto low = open_or_fail<cpu_device>(module, "posix-eager", 0, "mmap_threshold=64k");
+        CHECK(cost_of(low, ragged) == whole_pages);
+        CHECK(cost_of(low, (64u << 10) - 1) == (64u << 10) - 1);
+
+        auto high = open_or_fail<cpu_device>(module, "posix-eager", 0, "mmap_threshold=4M");
+        CHECK(cost_of(high, (1u << 20) + 1) == (1u << 20) + 1);
+
+        auto everything_mapped = open_or_fail<cpu_device>(module, "posix-eager", 0, "mmap_threshold=0");
+        CHECK(cost_of(everything_mapped, 1) == page);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix-lazy with commit=allocate hands out committed, charged memory that decommits as usual",
+          "[posix][options][budget]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy", 0,
+                                             "commit=allocate;budget=" + std::to_string(16 * page));
+        auto backing = value_or_fail(lazy.virtual_backing());
+        const std::uint64_t ragged = 10 * page + 100;
+        auto live = value_or_fail(lazy.allocate(ragged, page));
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == ragged);
+        std::memset(live.address, 0x5A, ragged); // usable without a commit
+        CHECK(test::resident_pages(live.address, 11) == 11);
+        auto usage = value_or_fail(lazy.query_usage());
+        CHECK(usage.mapped_bytes == ragged);
+        CHECK(usage.reserved_bytes == ragged);
+
+        // Charged at allocate: 11 pages' worth is over a 16-page budget with 10 pages + 100 in use.
+        auto refused = lazy.allocate(6 * page, page);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::out_of_memory);
+        CHECK_THAT(refused.error().message, Catch::Contains("budget="));
+        CHECK(value_or_fail(lazy.query_usage()).live_allocations == 1); // nothing changed
+
+        // Decommit gives pages (and budget) back; commit takes them again.
+        REQUIRE(backing.decommit(live, {0, 8 * page}));
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == ragged - 8 * page);
+        CHECK(test::resident_pages(live.address, 8) == 0);
+        auto fits = value_or_fail(lazy.allocate(6 * page, page));
+        REQUIRE(backing.commit(live, {0, 2 * page}));
+        CHECK(static_cast<unsigned char*>(live.address)[0] == 0); // recommitted: zero-filled
+        CHECK(value_or_fail(lazy.query_usage()).mapped_bytes == ragged); // 4 pages + 100, and 6 pages
+        REQUIRE(lazy.release(live));
+        REQUIRE(lazy.release(fits));
+        CHECK(value_or_fail(lazy.query_usage()).mapped_bytes == 0);
+        // The whole budget is free again.
+        REQUIRE(lazy.release(value_or_fail(lazy.allocate(16 * page, page))));
+    }
+    CHECK(value_or_fail(module->readiness()).ready());
     REQUIRE(module->try_unload());
 }
 

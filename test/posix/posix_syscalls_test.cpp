@@ -14,7 +14,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 using namespace nxmem;
 using nxmem::test::load_or_fail;
@@ -56,10 +58,10 @@ template <class Body> void count_calls(Body&& body) {
 bool counting() { return counts.counting.load(std::memory_order_relaxed); }
 
 // Runs `body(allocator, view)` on posix-lazy in a freshly loaded plugin, which must unload after.
-template <class Body> void with_lazy(Body&& body) {
+template <class Body> void with_lazy(Body&& body, const std::string& options = {}) {
     auto module = load_or_fail(test::posix_plugin_path());
     {
-        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy", 0, options);
         auto backing = value_or_fail(lazy.virtual_backing());
         body(lazy, backing);
     }
@@ -225,4 +227,67 @@ TEST_CASE("posix-lazy's allocate + commit + decommit + release, repeated, makes 
         CHECK(counts.munmap == cycles);
         CHECK(counts.madvise == 0);
     });
+}
+
+TEST_CASE("posix-eager's mmap_threshold decides which sizes make a system call",
+          "[posix][syscalls][options]") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        // 512 KiB: mapped by default, from the C heap under a 1 MiB threshold (glibc's own
+        // mmap threshold has grown past it once a block that size was freed: warm it first).
+        auto high = open_or_fail<cpu_device>(module, "posix-eager", 0, "mmap_threshold=1M");
+        std::free(std::malloc(4u << 20));
+        REQUIRE(high.release(value_or_fail(high.allocate(512u << 10, 16))));
+        count_calls([&] { REQUIRE(high.release(value_or_fail(high.allocate(512u << 10, 16)))); });
+        CHECK(counts.mmap + counts.munmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+
+        // 64 KiB: the C heap's by default, one mmap and one munmap under a 64 KiB threshold.
+        auto low = open_or_fail<cpu_device>(module, "posix-eager", 0, "mmap_threshold=64k");
+        count_calls([&] { REQUIRE(low.release(value_or_fail(low.allocate(64u << 10, 16)))); });
+        CHECK(counts.mmap == 1);
+        CHECK(counts.munmap == 1);
+        CHECK(counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+    }
+    REQUIRE(module->try_unload());
+}
+
+// What an engine's tensor costs: allocate, use every byte, release. commit=allocate makes it two
+// calls where the explicit commit makes three.
+TEST_CASE("posix-lazy with commit=allocate makes a used tensor one mmap and one munmap, no mprotect",
+          "[posix][syscalls][lazy][options]") {
+    const std::uint64_t page = page_size();
+    const std::uint64_t size = 2ull << 20;
+    constexpr int cycles = 100;
+    int explicit_calls = 0;
+    with_lazy([&](auto& lazy, auto& backing) {
+        count_calls([&] {
+            for (int i = 0; i < cycles; ++i) {
+                auto live = value_or_fail(lazy.allocate(size, page));
+                REQUIRE(backing.commit(live, {0, size}));
+                std::memset(live.address, 0x5A, size);
+                REQUIRE(lazy.release(live));
+            }
+        });
+        CHECK(counts.mmap == cycles);
+        CHECK(counts.mprotect == cycles);
+        CHECK(counts.munmap == cycles);
+        explicit_calls = counts.mmap + counts.mprotect + counts.munmap + counts.mmap_fixed + counts.madvise;
+    });
+    with_lazy(
+        [&](auto& lazy, auto& backing) {
+            count_calls([&] {
+                for (int i = 0; i < cycles; ++i) {
+                    auto live = value_or_fail(lazy.allocate(size, page));
+                    REQUIRE(backing.commit(live, {0, size})); // committed already: no call
+                    std::memset(live.address, 0x5A, size);
+                    REQUIRE(lazy.release(live));
+                }
+            });
+            CHECK(counts.mmap == cycles);
+            CHECK(counts.munmap == cycles);
+            CHECK(counts.mprotect + counts.mmap_fixed + counts.madvise == 0);
+            const int calls = counts.mmap + counts.mprotect + counts.munmap + counts.mmap_fixed + counts.madvise;
+            CHECK(calls * 3 == explicit_calls * 2);
+        },
+        "commit=allocate");
 }

@@ -2,6 +2,7 @@
 // text and in valid JSON, and a bad plugin or mechanism is a clear error with a non-zero exit.
 // Environment: NXMEM_TOOL (the nxmem executable), NXMEM_POSIX_PLUGIN.
 #include <measure/plugin_figures.hpp>
+#include <measure/pool_figures.hpp>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -76,6 +77,38 @@ TEST_CASE("nxmem bench --json prints one document with every figure as a number"
         REQUIRE(figures.contains(key));
         CHECK(figures.at(key).at("value").is_number());
         CHECK(figures.at(key).at("unit").is_string());
+    }
+}
+
+TEST_CASE("nxmem bench --pool prints every pooled figure, for a mechanism with and without virtual backing") {
+    for (const char* mechanism : {"posix-eager", "posix-lazy"}) {
+        const command_output out = run_bench(posix_plugin() + " --pool --json --mechanism " + mechanism);
+        INFO(out.text);
+        REQUIRE(out.status == 0);
+        const nlohmann::json report = nlohmann::json::parse(out.text);
+        CHECK(report.at("mechanism") == mechanism);
+        CHECK(report.at("pooled") == true);
+        const nlohmann::json& figures = report.at("figures");
+        const auto keys = nxmem::measure::pool_figure_keys();
+        CHECK(figures.size() == keys.size());
+        for (const std::string& key : keys) {
+            INFO(key);
+            REQUIRE(figures.contains(key));
+            CHECK(figures.at(key).at("value").is_number());
+        }
+        // Counts, not timings: 50 live 64 B allocations take at least one upstream call, and
+        // trim(0) with nothing live gives everything back.
+        CHECK(figures.at("crossings.live").at("value") == 50);
+        CHECK(figures.at("crossings.upstream_calls").at("value").get<double>() >= 1);
+        CHECK(figures.at("crossings.held_after_trim").at("value") == 0);
+    }
+    const command_output text = run_bench(posix_plugin() + " --pool");
+    INFO(text.text);
+    REQUIRE(text.status == 0);
+    CHECK(text.text.find("mechanism 'posix-eager' on cpu:0, pooled") != std::string::npos);
+    for (const std::string& key : nxmem::measure::pool_figure_keys()) {
+        INFO(key);
+        CHECK(text.text.find("  " + key + " ") != std::string::npos);
     }
 }
 
