@@ -89,9 +89,16 @@ struct lazy_mechanism {
     }
 
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
+        // Out of memory at any point gives back what was taken (nxmem conform --oom).
+        state fresh{size, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
         NXMEM_TRY(address, take_host_memory(size, alignment));
-        std::lock_guard lock(mutex_);
-        live_[address] = state{size, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
+        try {
+            std::lock_guard lock(mutex_);
+            live_.insert_or_assign(address, std::move(fresh));
+        } catch (...) {
+            give_back_host_memory(allocation_record{address, size, alignment, 0, {}});
+            throw;
+        }
         return block{address, size, 0};
     }
     result<void> deallocate(const allocation_record& record) {
@@ -131,8 +138,8 @@ struct lazy_mechanism {
                                                std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
         prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
+        live_.at(record.address).prefixes.push_back(prefix_id); // may throw: before any change
         ++found.sharers;
-        live_.at(record.address).prefixes.push_back(prefix_id);
         // The prefix's bytes are costed once in its lifetime (ABI C8): only its first mapping
         // ever maps new memory, not a first one again after every sharer went.
         const bool first = !found.ever_mapped;

@@ -4,8 +4,10 @@
 #include "allocation_failure.hpp"
 
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <link.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <unwind.h>
 
 #include <atomic>
@@ -144,8 +146,22 @@ NXMEM_INJECTOR_CODE _Unwind_Reason_Code classify_frame(_Unwind_Context* context,
     return _URC_END_OF_STACK;
 }
 
-// Whether this allocation is to fail; `counted_here` tells whether it was counted (the plugin's,
-// when the plugin is aimed at: then it is kept in the live table).
+// With NXMEM_OOM_TRACE set, the stack of each failed allocation goes to standard error (raw
+// addresses with their objects' names: addr2line -Cfpe OBJECT turns them into lines).
+bool trace_failures = false;
+
+NXMEM_INJECTOR_CODE void print_failing_stack() {
+    static const char heading[] = "nxmem: this allocation fails:\n";
+    (void)!::write(2, heading, sizeof heading - 1);
+    void* frames[32];
+    classifying = true; // backtrace's first call may load libgcc_s, which allocates
+    const int depth = ::backtrace(frames, 32);
+    classifying = false;
+    ::backtrace_symbols_fd(frames, depth, 2);
+}
+
+// Whether this allocation is to fail; `plugins` tells whether it is one the plugin made while
+// the plugin side is counted (then it is kept in the live table).
 NXMEM_INJECTOR_CODE bool allocation_fails(bool through_new, bool& plugins) {
     plugins = false;
     if (!armed.load(std::memory_order_relaxed) || classifying || not_counting) {
@@ -165,6 +181,9 @@ NXMEM_INJECTOR_CODE bool allocation_fails(bool through_new, bool& plugins) {
     plugins = wanted == owner::plugin;
     if (counted.fetch_add(1) + 1 == fail_at) {
         failed_one.store(true);
+        if (trace_failures) {
+            print_failing_stack();
+        }
         return true;
     }
     return false;
@@ -268,6 +287,7 @@ int remember_object(dl_phdr_info* info, std::size_t, void*) {
 } // namespace
 
 void learn_runtime_objects() {
+    trace_failures = std::getenv("NXMEM_OOM_TRACE") != nullptr;
     executable_count = 0;
     loader_count = 0;
     runtime_count = 0;
