@@ -30,81 +30,9 @@
 #include <string>
 #include <string_view>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define NXMEM_WITH_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NXMEM_WITH_LSAN 1
-#endif
-#endif
-#ifdef NXMEM_WITH_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
 using namespace nxmem;
 
 namespace {
-
-constexpr device_id cpu0{NXMEM_DEVICE_CPU, 0};
-
-// In a forked child: runs the sequence failing `counted`'s `fail_at`-th allocation (0: none),
-// checks everything came back, and exits 0 (clean) or 1; `channel` receives the number of
-// allocations the sequence made and the number that loading the plugin made.
-[[noreturn]] void run_child(const std::filesystem::path& path, std::string_view mechanism,
-                            fault::side counted, std::uint64_t fail_at, int channel) {
-    fault::sequence_run run;
-    fault::aim_at_plugin(path.c_str());
-    fault::arm(counted, fail_at);
-    fault::run_sequence(run, path, mechanism, cpu0, {});
-    fault::disarm();
-    const std::uint64_t allocations[2] = {fault::allocations_counted(), run.allocations_to_load};
-    (void)!::write(channel, allocations, sizeof allocations);
-    if (fail_at != 0 && !fault::injected()) {
-        run.note("injection", "was never reached", "the sequence made fewer allocations");
-    }
-#ifdef NXMEM_WITH_LSAN
-    if (__lsan_do_recoverable_leak_check() != 0) {
-        run.note("LeakSanitizer", "found leaks", "(its report is above)");
-    }
-#endif
-    if (run.failed()) {
-        std::fprintf(stderr, "failing %s allocation %llu of %.*s: %s\n",
-                     counted == fault::side::host ? "host" : "plugin",
-                     static_cast<unsigned long long>(fail_at), static_cast<int>(mechanism.size()),
-                     mechanism.data(), run.first_failure());
-    }
-    std::fflush(stderr);
-    ::_exit(run.failed() ? 1 : 0);
-}
-
-struct child_result {
-    int status = 0;
-    std::uint64_t allocations = 0;
-    std::uint64_t allocations_to_load = 0;
-};
-
-child_result fork_child(const std::filesystem::path& path, std::string_view mechanism,
-                        fault::side counted, std::uint64_t fail_at) {
-    int channel[2];
-    REQUIRE(::pipe(channel) == 0);
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-        ::close(channel[0]);
-        run_child(path, mechanism, counted, fail_at, channel[1]);
-    }
-    ::close(channel[1]);
-    child_result result;
-    std::uint64_t allocations[2] = {0, 0};
-    if (::read(channel[0], allocations, sizeof allocations) ==
-        static_cast<ssize_t>(sizeof allocations)) {
-        result.allocations = allocations[0];
-        result.allocations_to_load = allocations[1];
-    }
-    ::close(channel[0]);
-    REQUIRE(::waitpid(child, &result.status, 0) == child);
-    return result;
-}
 
 std::string describe_exit(int status) {
     if (WIFEXITED(status)) {
@@ -117,28 +45,26 @@ std::string describe_exit(int status) {
     return "status " + std::to_string(status);
 }
 
-// Fails each allocation of `counted` from `first` to the last the clean sequence made, one child
-// each; `first` > 1 starts after those of the load (the same for every mechanism of a plugin).
-void sweep(const std::filesystem::path& path, const char* mechanism, fault::side counted,
-           bool fails_load) {
+// Fails each allocation of `counted` from the first (or, unless `fails_load`, the first after
+// those of the load, the same for every mechanism of a plugin) to the last the clean sequence
+// made, one child each (fault::sweep).
+void check_sweep(const std::filesystem::path& path, const char* mechanism, fault::side counted,
+                 bool fails_load) {
     INFO("mechanism " << mechanism << " of " << path);
-    const child_result clean = fork_child(path, mechanism, counted, 0);
-    INFO("the sequence without a failure: " << describe_exit(clean.status));
-    REQUIRE(clean.status == 0);
-    std::uint64_t failures = 0;
-    const std::uint64_t first = fails_load ? 1 : clean.allocations_to_load + 1;
-    for (std::uint64_t fail_at = first; fail_at <= clean.allocations; ++fail_at) {
-        const child_result run = fork_child(path, mechanism, counted, fail_at);
-        if (run.status != 0) {
-            ++failures;
-            UNSCOPED_INFO("failing allocation " << fail_at << " of " << clean.allocations << ": "
-                                                << describe_exit(run.status));
-        }
+    fault::sequence_subject subject;
+    subject.path = path;
+    subject.mechanism = mechanism;
+    static fault::sweep_report report; // a few KiB: not on the stack
+    fault::sweep(subject, counted, !fails_load, report);
+    INFO("the sequence without a failure: " << report.clean_failure);
+    REQUIRE(std::string(report.clean_failure).empty());
+    for (std::uint64_t each = 0; each < report.unclean && each < fault::sweep_report::kept; ++each) {
+        UNSCOPED_INFO(report.first_unclean[each]);
     }
-    INFO(clean.allocations << " allocations, " << clean.allocations_to_load
-                           << " of them loading; allocations " << first << " to "
-                           << clean.allocations << " each failed once");
-    CHECK(failures == 0);
+    INFO(report.allocations << " allocations, " << report.allocations_to_load
+                            << " of them loading; allocations " << report.failed_at_first << " to "
+                            << report.allocations << " each failed once");
+    CHECK(report.unclean == 0);
 }
 
 // Runs `body` in a forked child with the runtime learnt: "" when it passed, else why not.
@@ -193,7 +119,8 @@ TEST_CASE("every host allocation of the sequence can fail: a status, nothing los
                                    subject{"NXMEM_TESTPLUGIN", "quarantining", false},
                                    subject{"NXMEM_POSIX_PLUGIN", "posix-eager", true},
                                    subject{"NXMEM_POSIX_PLUGIN", "posix-lazy", false});
-    sweep(test::plugin_path(tried.variable), tried.mechanism, fault::side::host, tried.fails_load);
+    check_sweep(test::plugin_path(tried.variable), tried.mechanism, fault::side::host,
+                tried.fails_load);
 }
 
 // Those made while the library is opened included: OUT_OF_MEMORY, counts unchanged, nothing
@@ -213,8 +140,8 @@ TEST_CASE("every plugin allocation of the sequence can fail",
                                    subject{"NXMEM_TESTPLUGIN", "legacy-1-0", false},
                                    subject{"NXMEM_TESTPLUGIN", "quarantining", false},
                                    subject{"NXMEM_MINIMAL_C_PLUGIN", "minimal-c", true});
-    sweep(test::plugin_path(tried.variable), tried.mechanism, fault::side::plugin,
-          tried.fails_load);
+    check_sweep(test::plugin_path(tried.variable), tried.mechanism, fault::side::plugin,
+                tried.fails_load);
 }
 
 TEST_CASE("the kit's plugins allocate nothing while dlopen runs their initialisers",

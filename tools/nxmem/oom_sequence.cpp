@@ -1,12 +1,25 @@
 #include "oom_sequence.hpp"
 
-#include "allocation_failure.hpp"
-
 #include <nxmem/host.hpp>
 
-#include <dlfcn.h>
+#if defined(__SANITIZE_ADDRESS__)
+#define NXMEM_WITH_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NXMEM_WITH_LSAN 1
+#endif
+#endif
+#ifdef NXMEM_WITH_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
 
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -210,6 +223,113 @@ void run_sequence(sequence_run& run, const std::filesystem::path& path, std::str
         run.note("sequence", "an exception escaped the API", escaped.what());
     } catch (...) {
         run.note("sequence", "an exception escaped the API", "(not a std::exception)");
+    }
+}
+
+namespace {
+
+// One child's report, sent whole down a pipe.
+struct child_report {
+    std::uint64_t allocations = 0;
+    std::uint64_t allocations_to_load = 0;
+    char failure[1024] = {};
+};
+
+// Runs the sequence in a forked child failing `counted`'s `fail_at`-th allocation (0: none);
+// fills `report` (failure "" when the child ended cleanly). Allocates nothing in this process.
+void run_child(const sequence_subject& subject, side counted, std::uint64_t fail_at,
+               child_report& report) {
+    report = child_report{};
+    int channel[2];
+    if (::pipe(channel) != 0) {
+        std::snprintf(report.failure, sizeof report.failure, "pipe: %s", std::strerror(errno));
+        return;
+    }
+    const pid_t child = ::fork();
+    if (child < 0) {
+        std::snprintf(report.failure, sizeof report.failure, "fork: %s", std::strerror(errno));
+        ::close(channel[0]);
+        ::close(channel[1]);
+        return;
+    }
+    if (child == 0) {
+        ::close(channel[0]);
+        ::alarm(subject.timeout_seconds);
+        sequence_run run;
+        aim_at_plugin(subject.path.c_str());
+        arm(counted, fail_at);
+        run_sequence(run, subject.path, subject.mechanism, subject.device, subject.options);
+        disarm();
+        if (fail_at != 0 && !injected()) {
+            run.note("injection", "was never reached", "the sequence made fewer allocations");
+        }
+#ifdef NXMEM_WITH_LSAN
+        if (__lsan_do_recoverable_leak_check() != 0) {
+            run.note("LeakSanitizer", "found leaks", "(its report is on standard error)");
+        }
+#endif
+        child_report sent;
+        sent.allocations = allocations_counted();
+        sent.allocations_to_load = run.allocations_to_load;
+        std::snprintf(sent.failure, sizeof sent.failure, "%s", run.failed() ? run.first_failure() : "");
+        (void)!::write(channel[1], &sent, sizeof sent);
+        ::_exit(0);
+    }
+    ::close(channel[1]);
+    std::size_t got = 0;
+    for (ssize_t part; got < sizeof report &&
+                       (part = ::read(channel[0], reinterpret_cast<char*>(&report) + got,
+                                      sizeof report - got)) != 0;) {
+        if (part < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        got += static_cast<std::size_t>(part);
+    }
+    ::close(channel[0]);
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (got != sizeof report) {
+        report = child_report{};
+        if (WIFSIGNALED(status)) {
+            std::snprintf(report.failure, sizeof report.failure, "the child was killed by %s%s",
+                          strsignal(WTERMSIG(status)),
+                          WTERMSIG(status) == SIGALRM ? " (timed out)" : "");
+        } else {
+            std::snprintf(report.failure, sizeof report.failure,
+                          "the child ended (status %d) without reporting", status);
+        }
+    }
+}
+
+} // namespace
+
+void sweep(const sequence_subject& subject, side counted, bool skip_load, sweep_report& report) {
+    report = sweep_report{};
+    static child_report child; // static: the report is 1 KiB, the stack may be small
+    run_child(subject, counted, 0, child);
+    report.allocations = child.allocations;
+    report.allocations_to_load = child.allocations_to_load;
+    std::memcpy(report.clean_failure, child.failure, sizeof report.clean_failure);
+    if (report.clean_failure[0] != '\0') {
+        return;
+    }
+    report.failed_at_first = skip_load ? report.allocations_to_load + 1 : 1;
+    for (std::uint64_t fail_at = report.failed_at_first; fail_at <= report.allocations; ++fail_at) {
+        run_child(subject, counted, fail_at, child);
+        ++report.runs;
+        if (child.failure[0] == '\0') {
+            continue;
+        }
+        if (report.unclean < sweep_report::kept) {
+            std::snprintf(report.first_unclean[report.unclean], sizeof report.first_unclean[0],
+                          "allocation %llu: %.990s", static_cast<unsigned long long>(fail_at),
+                          child.failure);
+        }
+        ++report.unclean;
     }
 }
 
