@@ -441,19 +441,33 @@ private:
     result<void> commit_gaps(reservation& held, const std::vector<page_run>& gaps, std::uint64_t wanted) {
         for (const page_run& gap : gaps) {
             std::vector<handle> made;
-            result<void> committed = commit_gap(held, gap, made);
-            if (!committed) {
+            const auto undo = [&] {
                 for (std::size_t i = made.size(); i-- > 0;) {
                     (void)unmap_chunk(address_of(held, gap.first + i));
                 }
                 (void)release_handles(made);
                 budget_.credit(wanted);
+            };
+            result<void> committed = commit_gap(held, gap, made);
+            if (!committed) {
+                undo();
                 return committed;
             }
-            for (std::uint64_t chunk = gap.first; chunk < gap.second; ++chunk) {
-                held.chunks.emplace(chunk, made[chunk - gap.first]);
+            // Out of memory for the bookkeeping undoes the gap too (page_runs::insert changes
+            // nothing when it throws).
+            std::uint64_t recorded = gap.first;
+            try {
+                for (; recorded < gap.second; ++recorded) {
+                    held.chunks.emplace(recorded, made[recorded - gap.first]);
+                }
+                held.committed.insert(gap.first, gap.second);
+            } catch (...) {
+                for (std::uint64_t chunk = gap.first; chunk < recorded; ++chunk) {
+                    held.chunks.erase(chunk);
+                }
+                undo();
+                throw;
             }
-            held.committed.insert(gap.first, gap.second);
             const std::uint64_t bytes = bytes_of(held, gap);
             held.committed_bytes += bytes;
             mapped_bytes_.fetch_add(bytes, std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,6 +64,20 @@ TEST_CASE("the guards are noexcept even around throwing bodies", "[guard]") {
     STATIC_REQUIRE(noexcept(guard_void(throwing_void_body{})));
     STATIC_REQUIRE(noexcept(guard_void(throwing_void_body{}, [](const NxmemStatus&) {})));
     STATIC_REQUIRE(noexcept(nxmem::detail::status_from_current_exception(nullptr)));
+}
+
+TEST_CASE("a std::bad_alloc becomes OUT_OF_MEMORY", "[guard]") {
+    NxmemStatus status = dirty_status();
+    const NxmemStatusCode code =
+        guard_status(&status, []() -> NxmemStatusCode { throw std::bad_alloc(); });
+    CHECK(code == NXMEM_STATUS_OUT_OF_MEMORY);
+    CHECK(status.code == NXMEM_STATUS_OUT_OF_MEMORY);
+    REQUIRE(terminated(status));
+    CHECK(read_status_message(status) == std::bad_alloc().what());
+    // A type derived from it is running out of memory too.
+    status = dirty_status();
+    CHECK(guard_status(&status, []() -> NxmemStatusCode { throw std::bad_array_new_length(); }) ==
+          NXMEM_STATUS_OUT_OF_MEMORY);
 }
 
 TEST_CASE("a std::exception becomes INTERNAL_ERROR carrying its what()", "[guard]") {

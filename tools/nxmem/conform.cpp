@@ -1,5 +1,6 @@
 #include "conform.hpp"
 
+#include "conform_oom.hpp"
 #include "conform_report.hpp"
 #include "conform_run.hpp"
 #include "plugin_paths.hpp"
@@ -22,6 +23,7 @@ struct conform_options {
     std::string junit;
     unsigned timeout_seconds = 300;
     std::string mechanism_options;
+    bool oom = false;
 };
 
 int run_conform(const conform_options& options) {
@@ -53,7 +55,7 @@ int run_conform(const conform_options& options) {
         }
         request.timeout_seconds = options.timeout_seconds;
         request.mechanism_options = options.mechanism_options;
-        runs.push_back(run_conformance(request));
+        runs.push_back(options.oom ? run_oom(request) : run_conformance(request));
     }
 
     if (options.json) {
@@ -133,6 +135,10 @@ subcommand add_conform(CLI::App& parent) {
                            : "at most " + std::to_string(NXMEM_MAX_OPTIONS_BYTES) + " bytes";
             },
             std::string()));
+    conform->add_flag("--oom", options->oom,
+                      "Instead of the checks, fail each allocation the plugin makes in the "
+                      "standard sequence, one per child process, and require a clean refusal "
+                      "each time (docs/CONFORMANCE.md, \"Out of memory in the plugin\")");
     conform->add_option("--timeout", options->timeout_seconds,
                         "Seconds one mechanism's checks may take before they count as hung "
                         "(default 300)")

@@ -68,10 +68,7 @@ std::string where(const std::string& check, const std::string& step) {
     return text;
 }
 
-struct listed_mechanism {
-    std::string name;
-    device_id device;
-};
+} // namespace
 
 void list_mechanisms(const conform_request& request, plugin_run& run,
                      std::vector<listed_mechanism>& listed) {
@@ -110,6 +107,8 @@ void list_mechanisms(const conform_request& request, plugin_run& run,
                          " while loading the plugin";
     }
 }
+
+namespace {
 
 mechanism_run run_mechanism(const conform_request& request, const std::string& name, device_id device) {
     mechanism_run run;

@@ -45,6 +45,15 @@ struct conform_request {
     std::string mechanism_options;        // key=value open options for every mechanism (--options)
 };
 
+struct listed_mechanism {
+    std::string name;
+    device_id device; // device 0 of the first type it serves
+};
+
+// Lists the plugin's mechanisms in a child; a plugin that cannot be loaded sets run.load_error.
+void list_mechanisms(const conform_request& request, plugin_run& run,
+                     std::vector<listed_mechanism>& listed);
+
 // Lists the plugin's mechanisms in one child, then runs each mechanism's checks in another.
 plugin_run run_conformance(const conform_request& request);
 

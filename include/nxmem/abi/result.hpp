@@ -5,7 +5,10 @@
 
 #include <nxmem/abi/status.hpp>
 
-#include <boost/outcome/result.hpp>
+// basic_result, not result.hpp: that one includes boost/exception_ptr.hpp, whose static
+// exception objects are allocated by a dynamic initialiser in every translation unit, so a
+// plugin would allocate (and could throw) while dlopen runs its initialisers (issue 23).
+#include <boost/outcome/basic_result.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -66,7 +69,7 @@ struct throw_nxmem_error : boost::outcome_v2::policy::base {
 };
 } // namespace detail
 
-template <class T> using result = boost::outcome_v2::result<T, error, detail::throw_nxmem_error>;
+template <class T> using result = boost::outcome_v2::basic_result<T, error, detail::throw_nxmem_error>;
 
 // What `fail` returns: converts to any result<T> as its failure. Name it to declare a failure
 // helper of your own, kept off the hot path:

@@ -1,19 +1,25 @@
 // The exception guard both sides wrap around every extern "C" body: no exception ever crosses the
-// boundary; each becomes INTERNAL_ERROR carrying its what(), truncated into the inline buffer.
+// boundary; std::bad_alloc becomes OUT_OF_MEMORY, every other exception INTERNAL_ERROR carrying
+// its what(), truncated into the inline buffer.
 #pragma once
 
 #include <nxmem/abi/status.hpp>
 
 #include <exception>
 #include <functional>
+#include <new>
 #include <type_traits>
 
 namespace nxmem::detail {
 
-// Converts the exception in flight into INTERNAL_ERROR in `status`. Call only inside a catch.
+// Converts the exception in flight into a status: OUT_OF_MEMORY for std::bad_alloc (running out
+// of memory is an expected failure, whoever threw it), INTERNAL_ERROR for anything else. Call
+// only inside a catch.
 inline NxmemStatusCode status_from_current_exception(NxmemStatus* status) noexcept {
     try {
         throw;
+    } catch (const std::bad_alloc& failure) {
+        return abi::write_status(status, NXMEM_STATUS_OUT_OF_MEMORY, failure.what());
     } catch (const std::exception& failure) {
         return abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, failure.what());
     } catch (...) {
@@ -22,7 +28,8 @@ inline NxmemStatusCode status_from_current_exception(NxmemStatus* status) noexce
     }
 }
 
-// Runs `body`, which returns an NxmemStatusCode; any exception becomes INTERNAL_ERROR.
+// Runs `body`, which returns an NxmemStatusCode; an exception becomes OUT_OF_MEMORY
+// (std::bad_alloc) or INTERNAL_ERROR.
 template <class Body>
 NxmemStatusCode guard_status(NxmemStatus* status, Body&& body) noexcept {
     static_assert(std::is_convertible_v<std::invoke_result_t<Body>, NxmemStatusCode>,

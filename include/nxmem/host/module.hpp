@@ -12,6 +12,7 @@
 #include <nxmem/detail/hex.hpp>
 #include <nxmem/detail/allocation_id_source.hpp>
 #include <nxmem/host/detail/contain.hpp>
+#include <nxmem/host/detail/guarded_open.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 #include <nxmem/host/factory_info.hpp>
 #include <nxmem/host/load_options.hpp>
@@ -77,6 +78,9 @@ public:
 private:
     static result<std::shared_ptr<plugin_module>> load_unguarded(const std::filesystem::path& path,
                                                                  const load_options& options) {
+        // The plugin's initialisers run here, where an exception they throw is caught; Boost.DLL
+        // then takes its own reference to the library already open.
+        NXMEM_TRY(initialised, detail::run_initialisers(path));
         boost::dll::fs::error_code failure;
         boost::dll::shared_library library(path, boost::dll::load_mode::rtld_now |
                                                      boost::dll::load_mode::rtld_local,

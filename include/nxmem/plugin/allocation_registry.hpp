@@ -212,8 +212,24 @@ public:
         return found;
     }
 
+    // Makes room for one more prefix of the allocation at `address`, so that add_prefix then
+    // cannot run out of memory (after the mechanism mapped the prefix it must not fail). Throws
+    // std::bad_alloc, changing nothing but an empty entry (unreserve_prefix drops it).
+    void reserve_prefix(std::uint64_t address) {
+        std::lock_guard lock(side_mutex_);
+        std::vector<std::uint64_t>& listed = prefixes_[address];
+        listed.reserve(listed.size() + 1);
+    }
+    // Drops the entry of `address` if it lists no prefix (the room reserve_prefix made).
+    void unreserve_prefix(std::uint64_t address) noexcept {
+        std::lock_guard lock(side_mutex_);
+        if (auto listed = prefixes_.find(address); listed != prefixes_.end() && listed->second.empty()) {
+            prefixes_.erase(listed);
+        }
+    }
+
     // Records that `prefix_id` is mapped into the allocation at `address`; false if that
-    // allocation is no longer live.
+    // allocation is no longer live. Allocates nothing after reserve_prefix(address).
     bool add_prefix(std::uint64_t address, std::uint64_t prefix_id) {
         // The mark and the side entry change under the shard's lock, so a concurrent take sees
         // both or neither (lock order: shard, then side table).

@@ -222,6 +222,17 @@ private:
             return boost::outcome_v2::success();
         }
     }
+    // Calls `release` for `record`, already taken from the registry. A mechanism that throws
+    // (std::bad_alloc) has changed nothing, as for FAILED: the record goes back, live.
+    template <class Release>
+    auto restoring_on_throw(const allocation_record& record, Release&& release) {
+        try {
+            return release();
+        } catch (...) {
+            registry_.insert(record);
+            throw;
+        }
+    }
     [[gnu::cold]] static auto failed_release() {
         return fail(status_code::internal_error, std::string(M::name) + " reported a failed release");
     }
@@ -334,7 +345,8 @@ private:
         if (!take_described(raw, record, status, failed)) {
             return failed;
         }
-        result<void> released = release_to_mechanism(record);
+        result<void> released =
+            restoring_on_throw(record, [&] { return release_to_mechanism(record); });
         if (!released) [[unlikely]] {
             registry_.insert(record); // nothing changed: still live
             return detail::report_failure(status, released.error());
@@ -386,7 +398,8 @@ private:
         if (registry_refusal why; !registry_.take(described, record, why)) [[unlikely]] {
             return report_refusal(status, described, why);
         }
-        result<release_outcome> released = mechanism_->release_allocation(record);
+        result<release_outcome> released =
+            restoring_on_throw(record, [&] { return mechanism_->release_allocation(record); });
         if (!released.has_value() || released.assume_value().state == NXMEM_RELEASE_FAILED)
             [[unlikely]] {
             registry_.insert(record); // FAILED: the allocation is as live as before
@@ -411,9 +424,15 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(described, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
-            NXMEM_TRY(record, object.registry_.take(described));
             std::lock_guard lock(object.queue_mutex_);
-            object.queue_.push_back({ticket, record});
+            // The queue's room first: once the record is out of the registry nothing may fail.
+            object.queue_.push_back({ticket, {}});
+            result<allocation_record> record = object.registry_.take(described);
+            if (!record) {
+                object.queue_.pop_back();
+                return boost::outcome_v2::failure(std::move(record).error());
+            }
+            object.queue_.back().record = std::move(record).value();
             object.counts_.add(allocator_counts::queued_releases, 1);
             object.counts_.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
             return boost::outcome_v2::success();
@@ -434,7 +453,14 @@ private:
                 }
                 return boost::outcome_v2::success();
             }
-            result<void> outcome = object.drain_in_order(count);
+            result<void> outcome = [&] {
+                try {
+                    return object.drain_in_order(count);
+                } catch (...) {
+                    object.draining_.store(false, std::memory_order_release); // drains go on
+                    throw;
+                }
+            }();
             object.draining_.store(false, std::memory_order_release);
             if (retired != nullptr) {
                 *retired = count;
@@ -445,20 +471,24 @@ private:
 
     result<void> drain_in_order(std::uint64_t& count) {
         for (;;) {
-            queued_release next;
+            // Only the drain removes entries, and a deque's push_back keeps references: the front
+            // stays put while it is retired, read in place (a copy could run out of memory).
+            const queued_release* front = nullptr;
             {
                 std::lock_guard lock(queue_mutex_);
                 if (queue_.empty()) {
                     return boost::outcome_v2::success();
                 }
-                next = queue_.front();
+                front = &queue_.front();
             }
-            NXMEM_TRY(outcome, retire(next.record));
+            NXMEM_TRY(outcome, retire(front->record));
             if (!outcome) {
                 return boost::outcome_v2::success(); // not yet: it and everything after it wait
             }
+            queued_release next;
             {
                 std::lock_guard lock(queue_mutex_);
+                next = std::move(queue_.front());
                 queue_.pop_front();
             }
             counts_.add(allocator_counts::queued_releases, -1);
@@ -671,10 +701,23 @@ private:
             }
             NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
             const std::uint64_t prefix_id = request.prefix.prefix_id;
-            NXMEM_TRY_VOID(object.add_prefix_reference(prefix_id)); // the mapping's own
-            result<std::optional<prefix_commit>> mapped =
-                object.commit_prefix_in_mechanism(record, prefix_id);
+            // The registry's room first: once the mechanism has mapped the prefix nothing may fail.
+            object.registry_.reserve_prefix(record.address);
+            if (result<void> referenced = object.add_prefix_reference(prefix_id); !referenced) {
+                object.registry_.unreserve_prefix(record.address);
+                return referenced; // the mapping's own reference
+            }
+            result<std::optional<prefix_commit>> mapped = [&] {
+                try {
+                    return object.commit_prefix_in_mechanism(record, prefix_id);
+                } catch (...) {
+                    object.registry_.unreserve_prefix(record.address);
+                    (void)object.drop_prefix_reference(prefix_id);
+                    throw;
+                }
+            }();
             if (!mapped || !object.registry_.add_prefix(record.address, prefix_id)) {
+                object.registry_.unreserve_prefix(record.address);
                 (void)object.drop_prefix_reference(prefix_id);
                 return mapped ? fail(status_code::unknown_allocation,
                                      "the allocation was released while the prefix was mapped")

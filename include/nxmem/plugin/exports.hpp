@@ -8,6 +8,7 @@
 #include <nxmem/plugin/guard.hpp>
 #include <nxmem/plugin/module_state.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -60,8 +61,16 @@ template <exportable_mechanism... Ms> struct plugin_exports {
                             "this plugin publishes " + std::to_string(sizeof...(Ms)) +
                                 " factories; capacity is " + std::to_string(capacity));
             }
+            // All or nothing: a factory that cannot be made releases those made before it.
+            std::array<NxmemAllocatorFactoryVtable*, sizeof...(Ms)> made{};
             std::size_t next = 0;
-            ((out[next++] = factory_object<Ms>::create()), ...);
+            if (!(((made[next] = factory_object<Ms>::create()) != nullptr && ++next > 0) && ...)) {
+                for (std::size_t each = 0; each < next; ++each) {
+                    made[each]->release(made[each]);
+                }
+                return fail(status_code::out_of_memory, "out of memory"); // short: no allocation
+            }
+            std::copy(made.begin(), made.end(), out);
             return boost::outcome_v2::success();
         });
     }

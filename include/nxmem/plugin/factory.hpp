@@ -8,6 +8,7 @@
 #include <nxmem/plugin/module_state.hpp>
 
 #include <cstring>
+#include <new>
 #include <string_view>
 #include <type_traits>
 
@@ -20,16 +21,20 @@ public:
                       std::string_view(M::name).size() <= NXMEM_MAX_FACTORY_NAME_BYTES,
                   "a mechanism name is non-empty and at most NXMEM_MAX_FACTORY_NAME_BYTES long");
 
-    // A new factory; the host owns it and releases it exactly once.
-    static NxmemAllocatorFactoryVtable* create() {
+    // A new factory, or NULL when memory ran out (nothing then changed); the host owns it and
+    // releases it exactly once.
+    static NxmemAllocatorFactoryVtable* create() noexcept {
         static_assert(std::is_standard_layout_v<factory_object>);
-        auto* factory = new factory_object();
+        auto* factory = new (std::nothrow) factory_object();
+        if (factory == nullptr) {
+            return nullptr;
+        }
         this_module().factories_created.fetch_add(1);
         return &factory->table_;
     }
 
 private:
-    factory_object() {
+    factory_object() noexcept {
         table_ = abi::make_struct<NxmemAllocatorFactoryVtable>();
         table_.abi_minor = NXMEM_ABI_MINOR_BASELINE;
         table_.type_tag = NXMEM_TYPE_TAG_ALLOCATOR_FACTORY;

@@ -40,7 +40,7 @@ private:
 };
 
 inline module_state& this_module() noexcept {
-    static module_state state;
+    static constinit module_state state; // constant-initialised: nothing runs at dlopen
     return state;
 }
 
