@@ -245,19 +245,28 @@ template <class T> void check_level_matrix(const T& full_source) {
 } // namespace
 
 TEST_CASE("the layout facts the read_prefix tests rely on hold", "[read_prefix]") {
-    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 128);
+    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 136);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(0) == 112);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(1) == 120);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(2) == 128);
-    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 128);
-    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 2);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(3) == 136);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 136);
+    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 3);
+    STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, ipc) == 128);
+    STATIC_REQUIRE(sizeof(NxmemIpcVtable) == 40);
+    STATIC_REQUIRE(bytes_required<NxmemIpcVtable>(3) == 40);
+    STATIC_REQUIRE(nxmem::abi::introduced_minor<NxmemIpcVtable>() == 3);
+    STATIC_REQUIRE(sizeof(NxmemIpcHandle) == 136);
+    STATIC_REQUIRE(nxmem::abi::baseline_bytes<NxmemIpcHandle>() == 136);
+    STATIC_REQUIRE(sizeof(NxmemUnloadReport) == 56);
+    STATIC_REQUIRE(nxmem::abi::baseline_bytes<NxmemUnloadReport>() == 48);
     STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, release_allocation) == 112);
     STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, query_usage) == 120);
     STATIC_REQUIRE(sizeof(NxmemVirtualBackingVtable) == 48);
     STATIC_REQUIRE(bytes_required<NxmemVirtualBackingVtable>(1) == 40);
     STATIC_REQUIRE(bytes_required<NxmemVirtualBackingVtable>(2) == 48);
     STATIC_REQUIRE(offsetof(NxmemVirtualBackingVtable, commit_granularity) == 40);
-    STATIC_REQUIRE(sizeof(NxmemAllocatorUsage) == 48);
+    STATIC_REQUIRE(sizeof(NxmemAllocatorUsage) == 64);
     STATIC_REQUIRE(nxmem::abi::introduced_minor<NxmemAllocatorUsage>() == 2);
     STATIC_REQUIRE(nxmem::abi::baseline_bytes<NxmemAllocatorUsage>() == 48);
     STATIC_REQUIRE(alignof(NxmemAllocatorVtable) == 8);
@@ -535,6 +544,7 @@ const NxmemAllocatorVtable read_only_allocator = {
     .drain_releases = nullptr,
     .release_allocation = stub_release_allocation,
     .query_usage = nullptr,
+    .ipc = nullptr,
 };
 } // namespace
 
