@@ -393,7 +393,7 @@ TEST_CASE("release_allocation is cleared at level 0 and kept at level 1", "[read
 TEST_CASE("a minor newer than this header is accepted and clamped when its size covers what is known",
           "[read_prefix][level]") {
     for (const std::uint32_t declared : {NXMEM_ABI_MINOR + 1, 7u, u32_max}) {
-        for (const std::uint32_t struct_size : {128u, 129u, 136u, 256u, 4096u}) {
+        for (const std::uint32_t struct_size : {136u, 137u, 144u, 256u, 4096u}) {
             CAPTURE(declared, struct_size);
             byte_buffer buffer(struct_size, 0xCD); // a newer plugin's unknown trailing slots
             place(buffer.data(), buffer.size(), full_allocator(declared), struct_size);
@@ -408,7 +408,7 @@ TEST_CASE("a minor newer than this header is accepted and clamped when its size 
         // A newer minor is a strict superset: it cannot be shorter than the newest known level.
         CAPTURE(declared);
         NxmemAllocatorVtable short_source = full_allocator(declared);
-        short_source.struct_size = 120; // covers minor 1, not minor 2
+        short_source.struct_size = 128; // covers minor 2, not minor 3
         const auto refused = read_prefix<NxmemAllocatorVtable>(&short_source, NXMEM_ABI_MINOR);
         REQUIRE(refused.has_error());
         CHECK(refused.error().code == status_code::contract_violation);
