@@ -7,6 +7,8 @@
 #include <nxmem/concepts.hpp>
 #include <nxmem/heap_allocator.hpp>
 #include <nxmem/host/capability_views.hpp>
+#include <nxmem/host/handle_transport.hpp>
+#include <nxmem/host/ipc_view.hpp>
 #include <nxmem/host/module.hpp>
 #include <nxmem/host/open_allocator.hpp>
 #include <nxmem/host/owned_allocation.hpp>

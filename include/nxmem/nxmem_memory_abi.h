@@ -1,5 +1,5 @@
 /*
- * nxmem_memory_abi.h: the nxmem memory plugin contract, ABI major 1, minors 0 to 2.
+ * nxmem_memory_abi.h: the nxmem memory plugin contract, ABI major 1, minors 0 to 3.
  *
  * This header is the whole contract between a host (an inference engine) and a memory plugin
  * (a shared object loaded at run time). It is C11, has no dependencies beyond <stdint.h> and
@@ -75,8 +75,11 @@ _Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets
 #define NXMEM_ABI_MAJOR 1u
 /* The minor this header describes. Minor 1 appends one slot, release_allocation. Minor 2 appends the
  * virtual-backing commit granularity, the usage query (slot query_usage, flag
- * NXMEM_CAP_USAGE_QUERY) and its output record NxmemAllocatorUsage. */
-#define NXMEM_ABI_MINOR 2u
+ * NXMEM_CAP_USAGE_QUERY) and its output record NxmemAllocatorUsage. Minor 3 appends sharing memory
+ * across processes: the ipc table (flag NXMEM_CAP_IPC) with its records NxmemIpcHandle,
+ * NxmemExportRequest, NxmemImportRequest and NxmemImport, and the imports' fields of the unload
+ * report and the usage query. */
+#define NXMEM_ABI_MINOR 3u
 /* The oldest minor of major 1. */
 #define NXMEM_ABI_MINOR_BASELINE 0u
 
@@ -90,6 +93,10 @@ _Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets
 #define NXMEM_MAX_FACTORY_NAME_BYTES 127u
 /* Longest open-options text, in bytes. */
 #define NXMEM_MAX_OPTIONS_BYTES 4096u
+/* File descriptors one NxmemIpcHandle carries at most (minor 3). */
+#define NXMEM_IPC_MAX_FDS 4u
+/* Mechanism-defined bytes one NxmemIpcHandle carries at most (minor 3). */
+#define NXMEM_IPC_OPAQUE_BYTES 64u
 
 /* ---------------------------------------------------------------------------------------------
  * Codes
@@ -140,6 +147,8 @@ typedef uint64_t NxmemCapabilities;
 #define NXMEM_CAP_HOST_RECLAIM (1ull << 4)
 /* `query_usage` slot: the allocator reports what it holds (NxmemAllocatorUsage). since=2 */
 #define NXMEM_CAP_USAGE_QUERY (1ull << 5)
+/* `ipc` table: export allocations or shared prefixes to other processes, import theirs. since=3 */
+#define NXMEM_CAP_IPC (1ull << 6)
 
 /* The flags each minor defines, cumulatively. */
 #define NXMEM_CAP_ALL_V1_0                                                                      \
@@ -147,11 +156,15 @@ typedef uint64_t NxmemCapabilities;
      NXMEM_CAP_HOST_RECLAIM)
 #define NXMEM_CAP_ALL_V1_1 (NXMEM_CAP_ALL_V1_0 | NXMEM_CAP_STRUCTURED_RELEASE)
 #define NXMEM_CAP_ALL_V1_2 (NXMEM_CAP_ALL_V1_1 | NXMEM_CAP_USAGE_QUERY)
+#define NXMEM_CAP_ALL_V1_3 (NXMEM_CAP_ALL_V1_2 | NXMEM_CAP_IPC)
 /* Every flag this header defines (the newest minor's set). */
-#define NXMEM_CAP_ALL_V1 NXMEM_CAP_ALL_V1_2
+#define NXMEM_CAP_ALL_V1 NXMEM_CAP_ALL_V1_3
 /* The flags defined at or below minor `minor`: what a sender may set at that negotiated minor. */
 #define NXMEM_CAPS_AT_MINOR(minor)                                                              \
-    ((minor) >= 2u ? NXMEM_CAP_ALL_V1_2 : (minor) == 1u ? NXMEM_CAP_ALL_V1_1 : NXMEM_CAP_ALL_V1_0)
+    ((minor) >= 3u   ? NXMEM_CAP_ALL_V1_3                                                      \
+     : (minor) == 2u ? NXMEM_CAP_ALL_V1_2                                                      \
+     : (minor) == 1u ? NXMEM_CAP_ALL_V1_1                                                      \
+                     : NXMEM_CAP_ALL_V1_0)
 
 /* Release states of NxmemReleaseOutcome. Any other value is read as QUARANTINED: the only reading
  * that can corrupt neither memory nor accounting. */
@@ -171,6 +184,17 @@ typedef uint32_t NxmemReleaseState;
 #define NXMEM_TYPE_TAG_VIRTUAL_BACKING 0x42564E58u   /* "XNVB" */
 #define NXMEM_TYPE_TAG_SHARED_MAPPING 0x4D534E58u    /* "XNSM" */
 #define NXMEM_TYPE_TAG_HOST_CALLBACKS 0x42434E58u    /* "XNCB" */
+#define NXMEM_TYPE_TAG_IPC 0x50494E58u               /* "XNIP" (minor 3) */
+
+/* What an NxmemIpcHandle shares (minor 3). */
+typedef uint32_t NxmemIpcKind;
+#define NXMEM_IPC_ALLOCATION 1u /* a live allocation's memory */
+#define NXMEM_IPC_PREFIX 2u     /* a shared prefix's memory */
+
+/* How a process may touch shared memory (minor 3). */
+typedef uint32_t NxmemIpcAccess;
+#define NXMEM_IPC_READ_WRITE 0u
+#define NXMEM_IPC_READ_ONLY 1u /* the descriptors themselves allow no write mapping */
 
 /* ---------------------------------------------------------------------------------------------
  * Records
@@ -302,8 +326,9 @@ typedef struct NxmemReclaimRequest {
  * unloaded only when every count is zero. `live_views` counts shared prefixes mapped into
  * allocations (each a view of a prefix that the allocation's release will undo). A quarantined
  * allocation is no longer live and counts nowhere here: its residue is the plugin's to free, at
- * the latest when the allocator that made it goes. */
-/* @layout NxmemUnloadReport size=48 align=8 since=0 */
+ * the latest when the allocator that made it goes. `live_imports` (minor 3) counts imports not yet
+ * closed (NxmemImport); a plugin that writes a shorter report has none. */
+/* @layout NxmemUnloadReport size=56 align=8 since=0 */
 typedef struct NxmemUnloadReport {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
     uint32_t reserved;                          /* @field reserved offset=4 size=4 since=0 */
@@ -312,6 +337,8 @@ typedef struct NxmemUnloadReport {
     uint64_t live_views;                        /* @field live_views offset=24 size=8 since=0 */
     uint64_t live_shared_prefixes;              /* @field live_shared_prefixes offset=32 size=8 since=0 */
     uint64_t queued_releases;                   /* @field queued_releases offset=40 size=8 since=0 */
+    /* ---- minor 3 ---- */
+    uint64_t live_imports;                      /* @field live_imports offset=48 size=8 since=3 */
 } NxmemUnloadReport;
 
 /* Plugin → host, from `query_usage` (minor 2): what one allocator holds now, for an engine's memory
@@ -323,8 +350,12 @@ typedef struct NxmemUnloadReport {
  *                        (an eager allocation counts its usable size)
  *   shared_prefix_bytes  bytes of the live shared prefixes, each counted once however many
  *                        allocations map it
- *   quarantined_bytes    residual bytes the allocator keeps from quarantined releases */
-/* @layout NxmemAllocatorUsage size=48 align=8 since=2 */
+ *   quarantined_bytes    residual bytes the allocator keeps from quarantined releases
+ *   live_imports         (minor 3) imports of this allocator not yet closed
+ *   imported_bytes       (minor 3) bytes those imports map in this process: memory another
+ *                        process exported, reported apart and in no other field, so nothing is
+ *                        costed twice (the exporter's usage counts it until the exporter releases) */
+/* @layout NxmemAllocatorUsage size=64 align=8 since=2 */
 typedef struct NxmemAllocatorUsage {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=2 */
     uint32_t reserved;                          /* @field reserved offset=4 size=4 since=2 */
@@ -333,6 +364,9 @@ typedef struct NxmemAllocatorUsage {
     uint64_t mapped_bytes;                      /* @field mapped_bytes offset=24 size=8 since=2 */
     uint64_t shared_prefix_bytes;               /* @field shared_prefix_bytes offset=32 size=8 since=2 */
     uint64_t quarantined_bytes;                 /* @field quarantined_bytes offset=40 size=8 since=2 */
+    /* ---- minor 3 ---- */
+    uint64_t live_imports;                      /* @field live_imports offset=48 size=8 since=3 */
+    uint64_t imported_bytes;                    /* @field imported_bytes offset=56 size=8 since=3 */
 } NxmemAllocatorUsage;
 
 /* A shared prefix, named by the plugin. The host passes it back unchanged. */
@@ -379,6 +413,83 @@ typedef struct NxmemSharedPrefixCommitInfo {
     uint64_t newly_mapped_bytes;                /* @field newly_mapped_bytes offset=16 size=8 since=0 */
     uint64_t sharers;                           /* @field sharers offset=24 size=8 since=0 */
 } NxmemSharedPrefixCommitInfo;
+
+/* Memory shared across processes (minor 3), as the exporter wrote it: a record of bytes plus at
+ * most NXMEM_IPC_MAX_FDS file descriptors (a memfd; a CUDA VMM shareable handle). Memory is shared
+ * only by handing over a descriptor (SCM_RIGHTS over a Unix socket, or any transport of the
+ * engine's), never by a name another process could guess or by reading another process's memory.
+ *   abi_minor      the minor of the header the exporter wrote it with (3 or more)
+ *   mechanism_id, device  the exporting allocator's; an importer of another mechanism or device
+ *                  refuses it (WRONG_MECHANISM, WRONG_DEVICE)
+ *   kind           NXMEM_IPC_ALLOCATION or NXMEM_IPC_PREFIX; `size` its bytes (the allocation's
+ *                  size as the host describes it, the prefix's size)
+ *   access         NXMEM_IPC_READ_WRITE or NXMEM_IPC_READ_ONLY (descriptors that allow no write)
+ *   fds            `fd_count` descriptors, numbers of the process holding the record: a transport
+ *                  carries the descriptors and rewrites the numbers; unused entries are -1
+ *   opaque         `opaque_length` bytes only the mechanism reads (its own check of the memory)
+ * The record is untrusted input to the importer (ABI.md IP rules). Descriptors written by export
+ * belong to the caller, who closes them; descriptors passed to import are borrowed for the call.
+ * A receiver of a larger record than it knows refuses it if any unknown byte is non-zero. */
+/* @layout NxmemIpcHandle size=136 align=8 since=3 */
+typedef struct NxmemIpcHandle {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=3 */
+    uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=3 */
+    uint64_t mechanism_id;                      /* @field mechanism_id offset=8 size=8 since=3 */
+    NxmemDeviceId device;                       /* @field device offset=16 size=16 since=3 */
+    NxmemIpcKind kind;                          /* @field kind offset=32 size=4 since=3 */
+    NxmemIpcAccess access;                      /* @field access offset=36 size=4 since=3 */
+    uint64_t size;                              /* @field size offset=40 size=8 since=3 */
+    uint32_t fd_count;                          /* @field fd_count offset=48 size=4 since=3 */
+    int32_t fds[NXMEM_IPC_MAX_FDS];             /* @field fds offset=52 size=16 since=3 */
+    uint32_t opaque_length;                     /* @field opaque_length offset=68 size=4 since=3 */
+    uint8_t opaque[NXMEM_IPC_OPAQUE_BYTES];     /* @field opaque offset=72 size=64 since=3 */
+} NxmemIpcHandle;
+
+/* Host → plugin (minor 3): export `allocation` (kind NXMEM_IPC_ALLOCATION) or `prefix` (kind
+ * NXMEM_IPC_PREFIX) of this allocator with `access`; the other member is zero. */
+/* @layout NxmemExportRequest size=128 align=8 since=3 */
+typedef struct NxmemExportRequest {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=3 */
+    NxmemIpcKind kind;                          /* @field kind offset=4 size=4 since=3 */
+    NxmemIpcAccess access;                      /* @field access offset=8 size=4 since=3 */
+    uint32_t reserved;                          /* @field reserved offset=12 size=4 since=3 */
+    NxmemAllocation allocation;                 /* @field allocation offset=16 size=64 since=3 */
+    NxmemSharedPrefixHandle prefix;             /* @field prefix offset=80 size=48 since=3 */
+} NxmemExportRequest;
+
+/* Host → plugin (minor 3): import `handle` into this allocator (`mechanism_id`, `device`) with
+ * `access` (READ_ONLY imports any handle; READ_WRITE only a READ_WRITE one). `import_id` is the
+ * host's, unique in its module like an allocation id. `handle` and its descriptors are borrowed
+ * for the call. */
+/* @layout NxmemImportRequest size=48 align=8 since=3 */
+typedef struct NxmemImportRequest {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=3 */
+    NxmemIpcAccess access;                      /* @field access offset=4 size=4 since=3 */
+    uint64_t mechanism_id;                      /* @field mechanism_id offset=8 size=8 since=3 */
+    NxmemDeviceId device;                       /* @field device offset=16 size=16 since=3 */
+    uint64_t import_id;                         /* @field import_id offset=32 size=8 since=3 */
+    const NxmemIpcHandle *handle;               /* @field handle offset=40 size=8 since=3 */
+} NxmemImportRequest;
+
+/* Plugin → host (minor 3): a live import, output of import_handle; the host passes it back
+ * unchanged to close_import. An allocation import is mapped at `address`; a prefix import is the
+ * local shared prefix `prefix` (usable with commit_shared_prefix like a created one, holding one
+ * reference that close_import drops). `mapped_bytes` is what the import maps in this process,
+ * reported apart as imported bytes (NxmemAllocatorUsage::imported_bytes). */
+/* @layout NxmemImport size=120 align=8 since=3 */
+typedef struct NxmemImport {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=3 */
+    NxmemIpcKind kind;                          /* @field kind offset=4 size=4 since=3 */
+    uint64_t mechanism_id;                      /* @field mechanism_id offset=8 size=8 since=3 */
+    NxmemDeviceId device;                       /* @field device offset=16 size=16 since=3 */
+    uint64_t import_id;                         /* @field import_id offset=32 size=8 since=3 */
+    uint64_t address;                           /* @field address offset=40 size=8 since=3 */
+    uint64_t size;                              /* @field size offset=48 size=8 since=3 */
+    NxmemIpcAccess access;                      /* @field access offset=56 size=4 since=3 */
+    uint32_t reserved;                          /* @field reserved offset=60 size=4 since=3 */
+    NxmemSharedPrefixHandle prefix;             /* @field prefix offset=64 size=48 since=3 */
+    uint64_t mapped_bytes;                      /* @field mapped_bytes offset=112 size=8 since=3 */
+} NxmemImport;
 
 /* A major and an inclusive range of minors. */
 /* @layout NxmemVersionRange size=16 align=4 since=0 */
@@ -469,6 +580,7 @@ typedef struct NxmemAllocatorFactoryVtable NxmemAllocatorFactoryVtable;
 typedef struct NxmemAllocatorVtable NxmemAllocatorVtable;
 typedef struct NxmemVirtualBackingVtable NxmemVirtualBackingVtable;
 typedef struct NxmemSharedMappingVtable NxmemSharedMappingVtable;
+typedef struct NxmemIpcVtable NxmemIpcVtable;
 
 /* Virtual backing slots. `allocator` is the owning allocator table's original pointer. */
 typedef NxmemStatusCode (*NxmemCommitFn)(NxmemAllocatorVtable *allocator,
@@ -538,6 +650,39 @@ struct NxmemSharedMappingVtable {
     NxmemCommitSharedPrefixFn commit_shared_prefix;   /* @field commit_shared_prefix offset=40 size=8 since=0 */
 };
 
+/* Sharing across processes (minor 3). */
+typedef NxmemStatusCode (*NxmemExportHandleFn)(NxmemAllocatorVtable *allocator,
+                                               const NxmemExportRequest *request,
+                                               NxmemIpcHandle *handle, NxmemStatus *status);
+typedef NxmemStatusCode (*NxmemImportHandleFn)(NxmemAllocatorVtable *allocator,
+                                               const NxmemImportRequest *request,
+                                               NxmemImport *imported, NxmemStatus *status);
+typedef NxmemStatusCode (*NxmemCloseImportFn)(NxmemAllocatorVtable *allocator,
+                                              const NxmemImport *imported, NxmemStatus *status);
+
+/* Owned by its allocator; valid until the allocator's last reference is released (minor 3).
+ * export_handle: writes a handle for a live allocation or prefix of this allocator; its
+ *         descriptors are new and belong to the caller. The exported memory stays valid for every
+ *         importer until it closes, whatever the exporter releases meanwhile; the exporter's
+ *         accounting drops at its own release. A kind the mechanism cannot share is
+ *         UNSUPPORTED_CAPABILITY.
+ * import_handle: checks the untrusted handle (its form, mechanism, device, access, each
+ *         descriptor's kind and size, and that this allocator has not imported it before) and maps
+ *         or wraps its memory; any failure maps nothing and keeps nothing.
+ * close_import: ends an import: an allocation import is unmapped; a prefix import drops its
+ *         reference (allocations mapping the prefix keep theirs). An import is a live object in
+ *         the unload report until closed. */
+/* @layout NxmemIpcVtable size=40 align=8 since=3 */
+struct NxmemIpcVtable {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=3 */
+    uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=3 */
+    uint32_t type_tag;                          /* @field type_tag offset=8 size=4 since=3 */
+    uint32_t reserved;                          /* @field reserved offset=12 size=4 since=3 */
+    NxmemExportHandleFn export_handle;          /* @field export_handle offset=16 size=8 since=3 */
+    NxmemImportHandleFn import_handle;          /* @field import_handle offset=24 size=8 since=3 */
+    NxmemCloseImportFn close_import;            /* @field close_import offset=32 size=8 since=3 */
+};
+
 /* Allocator slots. */
 typedef NxmemStatusCode (*NxmemAllocateFn)(NxmemAllocatorVtable *self,
                                            const NxmemAllocRequest *request,
@@ -570,6 +715,7 @@ typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAl
  *   enqueue_release, drain_releases     NXMEM_CAP_DEFERRED_RELEASE
  *   release_allocation (minor 1)        NXMEM_CAP_STRUCTURED_RELEASE
  *   query_usage (minor 2)               NXMEM_CAP_USAGE_QUERY
+ *   ipc (minor 3)                       NXMEM_CAP_IPC
  *
  * enqueue_release: hands the allocation over; it retires later. `ticket` is the host's. From
  *         then on deallocate and release_allocation of it are UNKNOWN_ALLOCATION (ABI.md D9).
@@ -581,7 +727,7 @@ typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAl
  *         from release_completed) returns OK at once with *retired = 0 and never blocks (D11).
  * release_allocation: releases and reports an NxmemReleaseOutcome. On FAILED nothing changed.
  * query_usage: writes what the allocator holds now into `usage` (see NxmemAllocatorUsage). */
-/* @layout NxmemAllocatorVtable size=128 align=8 since=0 */
+/* @layout NxmemAllocatorVtable size=136 align=8 since=0 */
 struct NxmemAllocatorVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
     uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=0 */
@@ -602,6 +748,8 @@ struct NxmemAllocatorVtable {
     NxmemReleaseAllocationFn release_allocation; /* @field release_allocation offset=112 size=8 since=1 */
     /* ---- minor 2 ---- */
     NxmemQueryUsageFn query_usage;              /* @field query_usage offset=120 size=8 since=2 */
+    /* ---- minor 3 ---- */
+    const NxmemIpcVtable *ipc;                  /* @field ipc offset=128 size=8 since=3 */
 };
 
 /* Factory slots. */

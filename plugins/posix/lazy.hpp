@@ -12,7 +12,13 @@
 //                         per committed run: one call that drops the pages and reserves the
 //                         range again (+ MADV_HUGEPAGE again with huge_pages=1); should it fail,
 //                         madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
-//   create_shared_prefix  memfd_create(MFD_CLOEXEC) + ftruncate to whole pages
+//   create_shared_prefix  memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING) + ftruncate to whole pages
+//   export (prefix)       seal the memfd's size, hand over a new descriptor of it (read-only:
+//                         reopened O_RDONLY, file mode 0400); a random 16-byte export id in the
+//                         opaque bytes
+//   import (prefix)       the descriptor checked (a memfd, size sealed, the claimed size, the
+//                         handle's access; ../include/nxmem/plugin/memfd_share.hpp), the export id
+//                         never imported by this allocator before, then dup'd as a local prefix
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
 //
@@ -40,6 +46,9 @@
 
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
+#include <nxmem/plugin/memfd_share.hpp>
+
+#include <sys/random.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -50,7 +59,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <array>
+#include <cstring>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -225,7 +237,9 @@ public:
         totals.live_allocations = live_allocations_.load(std::memory_order_relaxed);
         totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
         totals.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
-        prefixes_.for_each([&totals](const prefix_file& held) { totals.shared_prefix_bytes += held.length; });
+        prefixes_.for_each([&totals](const prefix_file& held) {
+            (held.imported ? totals.imported_bytes : totals.shared_prefix_bytes) += held.length;
+        });
         return totals;
     }
 
@@ -244,8 +258,9 @@ public:
         NXMEM_TRY_VOID(check_live(*held));
         NXMEM_TRY_VOID(check_prefix_fits(name, held->address, held->size,
                                          held->prefix ? held->prefix->id : 0, shared->size));
+        const int protection = shared->read_only ? PROT_READ : PROT_READ | PROT_WRITE;
         void* mapped = ::mmap(reinterpret_cast<void*>(held->address),
-                              static_cast<std::size_t>(shared->length), PROT_READ | PROT_WRITE,
+                              static_cast<std::size_t>(shared->length), protection,
                               MAP_SHARED | MAP_FIXED, shared->fd, 0);
         if (mapped == MAP_FAILED) {
             const int code = errno;
@@ -254,7 +269,7 @@ public:
                         std::string(name) + ": mapping shared prefix " + std::to_string(prefix_id) +
                             " failed: " + errno_text(code));
         }
-        if (settings_.populate) {
+        if (settings_.populate && !shared->read_only) {
             (void)populate_for_writing(held->address, shared->length, populate_supported_);
         }
         // The private pages the prefix now covers are gone.
@@ -263,8 +278,10 @@ public:
         held->prefix = shared;
         held->prefix_pages = prefix_pages;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
+        // An imported prefix is never costed here: its bytes are the exporter's (imported bytes).
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
-        return prefix_commit{shared->size, first ? shared->length : 0, sharers}; // C8: whole pages
+        return prefix_commit{shared->size, first && !shared->imported ? shared->length : 0,
+                             sharers}; // C8: whole pages
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {
@@ -273,7 +290,90 @@ public:
             return;
         }
         ::close(gone->fd);
-        budget_.credit(gone->length);
+        if (!gone->imported) {
+            budget_.credit(gone->length); // an import was never charged
+        }
+    }
+
+    // ---- sharing across processes ----
+
+    // The opaque bytes of a posix-lazy handle: a tag, the export's random id, the file's length.
+    struct handle_opaque {
+        std::array<char, 8> tag;
+        std::array<std::uint8_t, 16> export_id;
+        std::uint64_t length;
+    };
+    static constexpr std::array<char, 8> handle_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', '1'};
+
+    result<void> export_shared_prefix(std::uint64_t prefix_id, std::uint32_t access,
+                                      NxmemIpcHandle& handle) {
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
+        if (shared->read_only && access == NXMEM_IPC_READ_WRITE) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": prefix " + std::to_string(prefix_id) +
+                            " was imported read-only and cannot be exported read-write");
+        }
+        handle_opaque opaque{handle_tag, {}, shared->length};
+        if (::getrandom(opaque.export_id.data(), opaque.export_id.size(), 0) !=
+            static_cast<ssize_t>(opaque.export_id.size())) {
+            const int code = errno;
+            return fail(status_code::internal_error,
+                        std::string(name) + ": getrandom for an export id failed: " + errno_text(code));
+        }
+        NXMEM_TRY_VOID(plugin::seal_memfd_size(shared->fd));
+        NXMEM_TRY(descriptor, plugin::memfd_descriptor_for(shared->fd, access));
+        handle.size = shared->size;
+        handle.fd_count = 1;
+        handle.fds[0] = descriptor;
+        handle.opaque_length = sizeof opaque;
+        std::memcpy(handle.opaque, &opaque, sizeof opaque);
+        return boost::outcome_v2::success();
+    }
+
+    result<plugin::imported_prefix> import_shared_prefix(const NxmemIpcHandle& handle,
+                                                         std::uint32_t access) {
+        handle_opaque opaque{};
+        if (handle.fd_count != 1 || handle.opaque_length != sizeof opaque) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a prefix handle carries 1 descriptor and " +
+                            std::to_string(sizeof opaque) + " opaque bytes, not " +
+                            std::to_string(handle.fd_count) + " and " +
+                            std::to_string(handle.opaque_length));
+        }
+        std::memcpy(&opaque, handle.opaque, sizeof opaque);
+        NXMEM_TRY(length, round_up(handle.size, page_bytes(), name));
+        if (opaque.tag != handle_tag || opaque.length != length) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the handle's opaque bytes are not a posix-lazy "
+                                            "prefix export of " + std::to_string(handle.size) + " bytes");
+        }
+        NXMEM_TRY_VOID(plugin::check_imported_memfd(handle.fds[0], length, handle.access, 0));
+        {
+            std::lock_guard lock(imported_mutex_);
+            if (!imported_ids_.insert(opaque.export_id).second) {
+                return fail(status_code::invalid_argument,
+                            std::string(name) + ": this handle was imported here before (a replay)");
+            }
+        }
+        const int fd = ::fcntl(handle.fds[0], F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            const int code = errno;
+            forget_import(opaque.export_id);
+            return fail(status_code::out_of_memory,
+                        std::string(name) + ": keeping an imported descriptor failed: " + errno_text(code));
+        }
+        const std::uint64_t prefix_id = prefixes_.next_id();
+        try {
+            auto made = std::make_shared<prefix_file>(prefix_id, fd, handle.size, length);
+            made->imported = true;
+            made->read_only = access == NXMEM_IPC_READ_ONLY;
+            prefixes_.insert(prefix_id, std::move(made));
+        } catch (...) {
+            ::close(fd);
+            forget_import(opaque.export_id);
+            throw;
+        }
+        return plugin::imported_prefix{prefix_id, length};
     }
 
 private:
@@ -286,7 +386,14 @@ private:
         const std::uint64_t length; // whole pages
         std::atomic<std::uint64_t> sharers{0};
         std::atomic<bool> ever_mapped{false};
+        bool imported = false;  // from another process: its bytes are imported, never charged
+        bool read_only = false; // mapped PROT_READ
     };
+
+    void forget_import(const std::array<std::uint8_t, 16>& export_id) {
+        std::lock_guard lock(imported_mutex_);
+        imported_ids_.erase(export_id);
+    }
 
     struct reservation {
         reservation(std::uint64_t at, std::uint64_t bytes, std::uint64_t whole_pages)
@@ -514,7 +621,7 @@ private:
     }
 
     result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
-        const int fd = ::memfd_create("nxmem-posix-prefix", MFD_CLOEXEC);
+        const int fd = ::memfd_create("nxmem-posix-prefix", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0) {
             const int code = errno;
             return fail(status_code::out_of_memory,
@@ -547,6 +654,9 @@ private:
     std::atomic<std::uint64_t> reserved_bytes_{0};
     std::atomic<std::uint64_t> mapped_bytes_{0};
     prefix_table<prefix_file> prefixes_;
+    // The export ids this allocator has imported, closed ones included: a handle imports once.
+    std::mutex imported_mutex_;
+    std::set<std::array<std::uint8_t, 16>> imported_ids_;
 };
 
 } // namespace nxmem::posix

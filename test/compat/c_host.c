@@ -39,6 +39,11 @@ static size_t factory_level_end(uint32_t level) {
 }
 
 static size_t allocator_level_end(uint32_t level) {
+#if NXMEM_ABI_MINOR >= 3
+    if (level >= 3) {
+        return FIELD_END(NxmemAllocatorVtable, ipc);
+    }
+#endif
 #if NXMEM_ABI_MINOR >= 2
     if (level >= 2) {
         return FIELD_END(NxmemAllocatorVtable, query_usage);
@@ -232,6 +237,11 @@ static NxmemAllocatorVtable read_allocator(const void *untrusted, uint32_t negot
         copy.query_usage = NULL;
     }
 #endif
+#if NXMEM_ABI_MINOR >= 3
+    if (effective < 3) {
+        copy.ipc = NULL;
+    }
+#endif
     if (copy.allocate == NULL || copy.deallocate == NULL || copy.retain == NULL ||
         copy.release == NULL) {
         fail("allocator table lacks a required slot");
@@ -247,6 +257,11 @@ static NxmemAllocatorVtable read_allocator(const void *untrusted, uint32_t negot
 #if NXMEM_ABI_MINOR >= 2
     if (((copy.capabilities & NXMEM_CAP_USAGE_QUERY) != 0) != (copy.query_usage != NULL)) {
         fail("NXMEM_CAP_USAGE_QUERY and the query_usage slot disagree");
+    }
+#endif
+#if NXMEM_ABI_MINOR >= 3
+    if (((copy.capabilities & NXMEM_CAP_IPC) != 0) != (copy.ipc != NULL)) {
+        fail("NXMEM_CAP_IPC and the ipc table disagree");
     }
 #endif
     return copy;
@@ -334,6 +349,107 @@ static void exercise_virtual_backing(const NxmemAllocatorVtable *table, NxmemAll
     }
 }
 
+#if NXMEM_ABI_MINOR >= 3
+static size_t ipc_level_end(uint32_t level) {
+    (void)level;
+    return FIELD_END(NxmemIpcVtable, close_import);
+}
+
+static size_t shared_mapping_level_end(uint32_t level) {
+    (void)level; /* no minor has grown the shared-mapping table */
+    return FIELD_END(NxmemSharedMappingVtable, commit_shared_prefix);
+}
+
+static NxmemSharedMappingVtable read_shared_mapping(const void *untrusted, uint32_t negotiated) {
+    NxmemSharedMappingVtable copy;
+    copy.abi_minor = read_table(untrusted, NXMEM_TYPE_TAG_SHARED_MAPPING, shared_mapping_level_end, negotiated,
+                                &copy, sizeof copy, "shared mapping").effective;
+    if (copy.create_shared_prefix == NULL || copy.release_shared_prefix == NULL) {
+        fail("shared mapping table lacks a slot");
+    }
+    return copy;
+}
+
+/* Minor 3: a prefix exported read-only and imported back (this process stands in for the other
+ * one: the record and its descriptor are what would travel), its bytes counted apart as imported
+ * bytes, the import closed, the descriptor closed, the prefix released. */
+static void exercise_ipc(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self,
+                         uint32_t negotiated) {
+    NxmemIpcVtable ipc;
+    read_table(table->ipc, NXMEM_TYPE_TAG_IPC, ipc_level_end, negotiated, &ipc, sizeof ipc, "ipc");
+    if (ipc.export_handle == NULL || ipc.import_handle == NULL || ipc.close_import == NULL) {
+        fail("ipc table lacks a slot");
+    }
+    if (table->shared_mapping == NULL) {
+        return; /* nothing of this mechanism's that this host knows how to export */
+    }
+    const NxmemSharedMappingVtable mapping = read_shared_mapping(table->shared_mapping, negotiated);
+    NxmemSharedPrefixRequest create;
+    memset(&create, 0, sizeof create);
+    create.struct_size = sizeof create;
+    create.mechanism_id = table->mechanism_id;
+    create.device = table->device;
+    create.size = 8192;
+    NxmemSharedPrefixHandle prefix;
+    memset(&prefix, 0, sizeof prefix);
+    prefix.struct_size = sizeof prefix;
+    NxmemStatus status = fresh_status();
+    expect_ok(mapping.create_shared_prefix(self, &create, &prefix, &status), &status,
+              "create_shared_prefix");
+
+    NxmemExportRequest request;
+    memset(&request, 0, sizeof request);
+    request.struct_size = sizeof request;
+    request.kind = NXMEM_IPC_PREFIX;
+    request.access = NXMEM_IPC_READ_ONLY;
+    request.prefix = prefix;
+    NxmemIpcHandle handle;
+    memset(&handle, 0, sizeof handle);
+    handle.struct_size = sizeof handle;
+    status = fresh_status();
+    expect_ok(ipc.export_handle(self, &request, &handle, &status), &status, "export_handle");
+    if (handle.kind != NXMEM_IPC_PREFIX || handle.size != create.size || handle.fd_count > NXMEM_IPC_MAX_FDS) {
+        fail("export_handle wrote kind %u size %llu with %u descriptors", (unsigned)handle.kind,
+             (unsigned long long)handle.size, (unsigned)handle.fd_count);
+    }
+
+    NxmemImportRequest import;
+    memset(&import, 0, sizeof import);
+    import.struct_size = sizeof import;
+    import.access = NXMEM_IPC_READ_ONLY;
+    import.mechanism_id = table->mechanism_id;
+    import.device = table->device;
+    import.import_id = next_allocation_id++;
+    import.handle = &handle;
+    NxmemImport imported;
+    memset(&imported, 0, sizeof imported);
+    imported.struct_size = sizeof imported;
+    status = fresh_status();
+    expect_ok(ipc.import_handle(self, &import, &imported, &status), &status, "import_handle");
+    for (uint32_t index = 0; index < handle.fd_count; ++index) {
+        close(handle.fds[index]); /* borrowed by the import: the plugin kept its own */
+    }
+    if (table->query_usage != NULL) {
+        NxmemAllocatorUsage usage;
+        memset(&usage, 0, sizeof usage);
+        usage.struct_size = sizeof usage;
+        status = fresh_status();
+        expect_ok(table->query_usage(self, &usage, &status), &status, "query_usage");
+        if (usage.live_imports != 1 || usage.imported_bytes < create.size) {
+            fail("query_usage reports %llu imports of %llu bytes; one of %llu is live",
+                 (unsigned long long)usage.live_imports, (unsigned long long)usage.imported_bytes,
+                 (unsigned long long)create.size);
+        }
+    }
+    status = fresh_status();
+    expect_ok(ipc.close_import(self, &imported, &status), &status, "close_import");
+    status = fresh_status();
+    expect_ok(mapping.release_shared_prefix(self, &prefix, &status), &status, "release_shared_prefix");
+    printf("c host (minor 3): exported a prefix read-only with %u descriptor(s), imported it, "
+           "closed it\n", (unsigned)handle.fd_count);
+}
+#endif
+
 static void release_allocation(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self,
                                const NxmemAllocation *allocation) {
     NxmemStatus status = fresh_status();
@@ -409,6 +525,11 @@ static void drive_mechanism(NxmemAllocatorFactoryVtable *factory_original,
     } else {
         memset((void *)(uintptr_t)allocation.address, 0x5A, (size_t)allocation.size);
     }
+#if NXMEM_ABI_MINOR >= 3
+    if (table.ipc != NULL) {
+        exercise_ipc(&table, self, negotiated);
+    }
+#endif
     release_allocation(&table, self, &allocation);
     table.release(self);
     printf("c host (minor %u): %.*s at minor %u (capabilities 0x%llx): allocate, write%s, release\n",
@@ -505,6 +626,11 @@ int main(int argc, char **argv) {
     report.struct_size = sizeof report;
     status = fresh_status();
     expect_ok(query_unload_readiness(&report, &status), &status, "NxmemQueryUnloadReadiness");
+#if NXMEM_ABI_MINOR >= 3
+    if (report.live_imports != 0) {
+        fail("after closing every import the plugin still reports %llu", (unsigned long long)report.live_imports);
+    }
+#endif
     if (report.live_allocators != 0 || report.live_allocations != 0 || report.live_views != 0 ||
         report.live_shared_prefixes != 0 || report.queued_releases != 0) {
         fail("after releasing everything the plugin still reports allocators %llu, allocations "

@@ -141,7 +141,7 @@ TEST_CASE("capability flags must agree with their slots and tables", "[table-che
 TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
     SECTION("a table declaring a newer minor than the reader knows loses the bits it does not know") {
         NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR + 1);
-        const std::uint64_t next_minor_flag = 1ull << 6; // what the next minor might add
+        const std::uint64_t next_minor_flag = 1ull << 7; // what the next minor might add
         table.capabilities = NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_HOST_RECLAIM | next_minor_flag;
         table.query_usage = &stub_query_usage;
         auto copy = copy_of(table, NXMEM_ABI_MINOR);
@@ -152,12 +152,12 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
     }
     SECTION("the same bit in a table declaring a minor the reader knows is refused") {
         NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR);
-        table.capabilities = 1ull << 6;
+        table.capabilities = 1ull << 7;
         auto copy = copy_of(table, NXMEM_ABI_MINOR);
         auto refused = checks::check_capabilities(copy);
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code == status_code::contract_violation);
-        CHECK_THAT(refused.error().message, Catch::Contains("unknown capability bits 0x40"));
+        CHECK_THAT(refused.error().message, Catch::Contains("unknown capability bits 0x80"));
     }
     SECTION("every minor's flags, read at every lower ceiling, keep only the flags of that ceiling") {
         for (std::uint32_t minor = 0; minor <= NXMEM_ABI_MINOR; ++minor) {
@@ -165,7 +165,7 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
                 NxmemAllocatorVtable table = minimal_table(minor);
                 table.capabilities = NXMEM_CAPS_AT_MINOR(minor) &
                                      ~(NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
-                                       NXMEM_CAP_DEFERRED_RELEASE); // flags whose slots are stubbed
+                                       NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_IPC); // tables not stubbed
                 table.release_allocation = minor >= 1 ? &stub_release_allocation : nullptr;
                 table.query_usage = minor >= 2 ? &stub_query_usage : nullptr;
                 auto copy = copy_of(table, ceiling);
@@ -185,7 +185,9 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
         STATIC_REQUIRE(NXMEM_CAP_ALL_V1_0 == 0x17);
         STATIC_REQUIRE(NXMEM_CAP_ALL_V1_1 == 0x1F);
         STATIC_REQUIRE(NXMEM_CAP_ALL_V1_2 == 0x3F);
-        STATIC_REQUIRE(NXMEM_CAP_ALL_V1 == NXMEM_CAP_ALL_V1_2);
+        STATIC_REQUIRE(NXMEM_CAP_IPC == 0x40);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1_3 == 0x7F);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1 == NXMEM_CAP_ALL_V1_3);
         STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0);
         STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(9u) == NXMEM_CAP_ALL_V1);
     }

@@ -54,7 +54,9 @@ json probe_json(const std::optional<allocator_probe>& probe) {
                         {"reserved_bytes", probe->usage->reserved_bytes},
                         {"mapped_bytes", probe->usage->mapped_bytes},
                         {"shared_prefix_bytes", probe->usage->shared_prefix_bytes},
-                        {"quarantined_bytes", probe->usage->quarantined_bytes}};
+                        {"quarantined_bytes", probe->usage->quarantined_bytes},
+                        {"live_imports", probe->usage->live_imports},
+                        {"imported_bytes", probe->usage->imported_bytes}};
     } else if (probe->usage_failed) {
         out["usage_failed"] = error_json(*probe->usage_failed);
     }

@@ -54,7 +54,9 @@ void print_mechanism_details(std::ostream& out, const plugin_report& report) {
                               std::to_string(probe.usage->reserved_bytes) + " B reserved, " +
                               std::to_string(probe.usage->mapped_bytes) + " B mapped, " +
                               std::to_string(probe.usage->shared_prefix_bytes) + " B in prefixes, " +
-                              std::to_string(probe.usage->quarantined_bytes) + " B quarantined");
+                              std::to_string(probe.usage->quarantined_bytes) + " B quarantined, " +
+                              std::to_string(probe.usage->live_imports) + " imports of " +
+                              std::to_string(probe.usage->imported_bytes) + " B");
         } else if (probe.usage_failed) {
             details.push_back("usage query failed: " + probe.usage_failed->describe());
         }

@@ -70,11 +70,11 @@ struct capability_pair {
 #define NXMEM_ABI_FIELDS_NxmemUnloadReport(F) \
     F(struct_size, 0, header) F(reserved, 0, data) F(live_allocators, 0, data) \
     F(live_allocations, 0, data) F(live_views, 0, data) F(live_shared_prefixes, 0, data) \
-    F(queued_releases, 0, data)
+    F(queued_releases, 0, data) F(live_imports, 3, data)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorUsage(F) \
     F(struct_size, 2, header) F(reserved, 2, data) F(live_allocations, 2, data) \
     F(reserved_bytes, 2, data) F(mapped_bytes, 2, data) F(shared_prefix_bytes, 2, data) \
-    F(quarantined_bytes, 2, data)
+    F(quarantined_bytes, 2, data) F(live_imports, 3, data) F(imported_bytes, 3, data)
 #define NXMEM_ABI_FIELDS_NxmemSharedPrefixHandle(F) \
     F(struct_size, 0, header) F(reserved, 0, data) F(mechanism_id, 0, data) F(device, 0, data) \
     F(prefix_id, 0, data) F(size, 0, data)
@@ -86,6 +86,20 @@ struct capability_pair {
 #define NXMEM_ABI_FIELDS_NxmemSharedPrefixCommitInfo(F) \
     F(struct_size, 0, header) F(reserved, 0, data) F(shared_bytes, 0, data) \
     F(newly_mapped_bytes, 0, data) F(sharers, 0, data)
+#define NXMEM_ABI_FIELDS_NxmemIpcHandle(F) \
+    F(struct_size, 3, header) F(abi_minor, 3, data) F(mechanism_id, 3, data) F(device, 3, data) \
+    F(kind, 3, data) F(access, 3, data) F(size, 3, data) F(fd_count, 3, data) F(fds, 3, data) \
+    F(opaque_length, 3, data) F(opaque, 3, data)
+#define NXMEM_ABI_FIELDS_NxmemExportRequest(F) \
+    F(struct_size, 3, header) F(kind, 3, data) F(access, 3, data) F(reserved, 3, data) \
+    F(allocation, 3, data) F(prefix, 3, data)
+#define NXMEM_ABI_FIELDS_NxmemImportRequest(F) \
+    F(struct_size, 3, header) F(access, 3, data) F(mechanism_id, 3, data) F(device, 3, data) \
+    F(import_id, 3, data) F(handle, 3, data)
+#define NXMEM_ABI_FIELDS_NxmemImport(F) \
+    F(struct_size, 3, header) F(kind, 3, data) F(mechanism_id, 3, data) F(device, 3, data) \
+    F(import_id, 3, data) F(address, 3, data) F(size, 3, data) F(access, 3, data) \
+    F(reserved, 3, data) F(prefix, 3, data) F(mapped_bytes, 3, data)
 #define NXMEM_ABI_FIELDS_NxmemVersionRange(F) \
     F(struct_size, 0, header) F(major, 0, data) F(min_minor, 0, data) F(max_minor, 0, data)
 #define NXMEM_ABI_FIELDS_NxmemNegotiateRequest(F) \
@@ -108,6 +122,10 @@ struct capability_pair {
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(create_shared_prefix, 0, required_slot) F(retain_shared_prefix, 0, required_slot) \
     F(release_shared_prefix, 0, required_slot) F(commit_shared_prefix, 0, required_slot)
+#define NXMEM_ABI_FIELDS_NxmemIpcVtable(F) \
+    F(struct_size, 3, header) F(abi_minor, 3, header) F(type_tag, 3, header) F(reserved, 3, data) \
+    F(export_handle, 3, required_slot) F(import_handle, 3, required_slot) \
+    F(close_import, 3, required_slot)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(capabilities, 0, data) F(mechanism_id, 0, data) F(device, 0, data) \
@@ -115,7 +133,7 @@ struct capability_pair {
     F(release, 0, required_slot) F(virtual_backing, 0, capability_table) \
     F(shared_mapping, 0, capability_table) F(enqueue_release, 0, optional_slot) \
     F(drain_releases, 0, optional_slot) F(release_allocation, 1, optional_slot) \
-    F(query_usage, 2, optional_slot)
+    F(query_usage, 2, optional_slot) F(ipc, 3, capability_table)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorFactoryVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(name, 0, data) F(mechanism_id, 0, data) F(device_types, 0, data) \
@@ -128,10 +146,12 @@ struct capability_pair {
     S(NxmemReleaseOutcome, 0) S(NxmemReleaseCompletion, 0) S(NxmemReclaimRequest, 0) \
     S(NxmemUnloadReport, 0) S(NxmemAllocatorUsage, 0) S(NxmemSharedPrefixHandle, 0) S(NxmemSharedPrefixRequest, 0) \
     S(NxmemSharedPrefixCommitRequest, 0) S(NxmemSharedPrefixCommitInfo, 0) \
+    S(NxmemIpcHandle, 0) S(NxmemExportRequest, 0) S(NxmemImportRequest, 0) S(NxmemImport, 0) \
     S(NxmemVersionRange, 0) S(NxmemNegotiateRequest, 0) S(NxmemNegotiateResponse, 0) \
     S(NxmemHostCallbacks, NXMEM_TYPE_TAG_HOST_CALLBACKS) S(NxmemOpenRequest, 0) \
     S(NxmemVirtualBackingVtable, NXMEM_TYPE_TAG_VIRTUAL_BACKING) \
     S(NxmemSharedMappingVtable, NXMEM_TYPE_TAG_SHARED_MAPPING) \
+    S(NxmemIpcVtable, NXMEM_TYPE_TAG_IPC) \
     S(NxmemAllocatorVtable, NXMEM_TYPE_TAG_ALLOCATOR) \
     S(NxmemAllocatorFactoryVtable, NXMEM_TYPE_TAG_ALLOCATOR_FACTORY)
 // clang-format on
@@ -215,13 +235,14 @@ template <class T> constexpr const field_info* find_field(std::string_view name)
 }
 
 // Optional capabilities of the allocator table: each flag, its minor, and the slots or table behind it.
-inline constexpr std::array<capability_pair, 6> allocator_capabilities{{
+inline constexpr std::array<capability_pair, 7> allocator_capabilities{{
     {"NXMEM_CAP_VIRTUAL_BACKING", NXMEM_CAP_VIRTUAL_BACKING, 0, {"virtual_backing", ""}},
     {"NXMEM_CAP_SHARED_MAPPING", NXMEM_CAP_SHARED_MAPPING, 0, {"shared_mapping", ""}},
     {"NXMEM_CAP_DEFERRED_RELEASE", NXMEM_CAP_DEFERRED_RELEASE, 0, {"enqueue_release", "drain_releases"}},
     {"NXMEM_CAP_STRUCTURED_RELEASE", NXMEM_CAP_STRUCTURED_RELEASE, 1, {"release_allocation", ""}},
     {"NXMEM_CAP_HOST_RECLAIM", NXMEM_CAP_HOST_RECLAIM, 0, {"", ""}},
     {"NXMEM_CAP_USAGE_QUERY", NXMEM_CAP_USAGE_QUERY, 2, {"query_usage", ""}},
+    {"NXMEM_CAP_IPC", NXMEM_CAP_IPC, 3, {"ipc", ""}},
 }};
 
 // The capability flags defined at or below `minor` (by this header's knowledge): what a sender may
@@ -236,8 +257,10 @@ constexpr std::uint64_t capabilities_at_minor(std::uint32_t minor) noexcept {
 static_assert(capabilities_at_minor(0) == NXMEM_CAP_ALL_V1_0);
 static_assert(capabilities_at_minor(1) == NXMEM_CAP_ALL_V1_1);
 static_assert(capabilities_at_minor(2) == NXMEM_CAP_ALL_V1_2);
+static_assert(capabilities_at_minor(3) == NXMEM_CAP_ALL_V1_3);
 static_assert(capabilities_at_minor(NXMEM_ABI_MINOR) == NXMEM_CAP_ALL_V1);
 static_assert(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0 && NXMEM_CAPS_AT_MINOR(1u) == NXMEM_CAP_ALL_V1_1 &&
-              NXMEM_CAPS_AT_MINOR(2u) == NXMEM_CAP_ALL_V1_2 && NXMEM_CAPS_AT_MINOR(7u) == NXMEM_CAP_ALL_V1);
+              NXMEM_CAPS_AT_MINOR(2u) == NXMEM_CAP_ALL_V1_2 &&
+              NXMEM_CAPS_AT_MINOR(3u) == NXMEM_CAP_ALL_V1_3 && NXMEM_CAPS_AT_MINOR(7u) == NXMEM_CAP_ALL_V1);
 
 } // namespace nxmem::abi

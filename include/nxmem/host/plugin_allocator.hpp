@@ -13,6 +13,7 @@ namespace nxmem::host {
 
 template <Device D> class virtual_backing_view;
 template <Device D> class shared_mapping_view;
+template <Device D> class ipc_view;
 
 namespace detail {
 template <Device D> NxmemAllocation to_wire(const allocation<D>& live) {
@@ -66,6 +67,8 @@ public:
     // The capability views; UNSUPPORTED_CAPABILITY when the mechanism does not offer them.
     result<virtual_backing_view<D>> virtual_backing() const;
     result<shared_mapping_view<D>> shared_mapping() const;
+    // Sharing across processes (minor 3, include <nxmem/host/ipc_view.hpp>).
+    result<ipc_view<D>> ipc() const;
 
     const std::string& mechanism_name() const noexcept { return core_->mechanism_name(); }
     std::uint64_t mechanism_id() const noexcept { return core_->mechanism_id(); }

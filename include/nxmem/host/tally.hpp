@@ -17,16 +17,18 @@ struct host_counts {
     std::uint64_t shared_prefixes = 0; // prefix references held
     std::uint64_t queued_releases = 0;
     std::uint64_t pins = 0;            // execution contexts pinning the module
+    std::uint64_t imports = 0;         // imports from other processes not yet closed (minor 3)
 
     bool idle() const noexcept {
         return allocators == 0 && allocations == 0 && views == 0 && shared_prefixes == 0 &&
-               queued_releases == 0 && pins == 0;
+               queued_releases == 0 && pins == 0 && imports == 0;
     }
     std::string describe() const {
         return "allocators " + std::to_string(allocators) + ", allocations " +
                std::to_string(allocations) + ", capability views " + std::to_string(views) +
                ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
-               std::to_string(queued_releases) + ", pins " + std::to_string(pins);
+               std::to_string(queued_releases) + ", pins " + std::to_string(pins) +
+               (imports != 0 ? ", imports " + std::to_string(imports) : std::string());
     }
 };
 
@@ -37,20 +39,22 @@ struct plugin_counts {
     std::uint64_t views = 0; // shared prefixes mapped into allocations (NxmemUnloadReport::live_views)
     std::uint64_t shared_prefixes = 0;
     std::uint64_t queued_releases = 0;
+    std::uint64_t imports = 0; // minor 3; a plugin that writes a shorter report has none
 
     static plugin_counts from_wire(const NxmemUnloadReport& report) noexcept {
         return {report.live_allocators, report.live_allocations, report.live_views,
-                report.live_shared_prefixes, report.queued_releases};
+                report.live_shared_prefixes, report.queued_releases, report.live_imports};
     }
     bool idle() const noexcept {
         return allocators == 0 && allocations == 0 && views == 0 && shared_prefixes == 0 &&
-               queued_releases == 0;
+               queued_releases == 0 && imports == 0;
     }
     std::string describe() const {
         return "allocators " + std::to_string(allocators) + ", allocations " +
                std::to_string(allocations) + ", prefix mappings " + std::to_string(views) +
                ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
-               std::to_string(queued_releases);
+               std::to_string(queued_releases) +
+               (imports != 0 ? ", imports " + std::to_string(imports) : std::string());
     }
 };
 
@@ -76,11 +80,12 @@ struct host_tally {
     std::atomic<std::uint64_t> shared_prefixes{0};
     std::atomic<std::uint64_t> queued_releases{0};
     std::atomic<std::uint64_t> pins{0};
+    std::atomic<std::uint64_t> imports{0};
 
     // Everything but allocations, which the caller fills in.
     host_counts snapshot() const noexcept {
         return {allocators.load(), 0, views.load(), shared_prefixes.load(), queued_releases.load(),
-                pins.load()};
+                pins.load(), imports.load()};
     }
 };
 

@@ -9,6 +9,7 @@
 // ("What the kit costs per call") has the figures.
 #pragma once
 
+#include <nxmem/abi/ipc_handle.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/detail/hex.hpp>
 #include <nxmem/detail/page_size.hpp>
@@ -146,6 +147,12 @@ private:
                 table.query_usage = &slot_query_usage;
             }
         }
+        if constexpr (offers_ipc<M>) {
+            if (level >= abi::ipc_minor) {
+                static constexpr NxmemIpcVtable ipc = make_ipc_table();
+                table.ipc = &ipc;
+            }
+        }
         shell_.owner = this;
         this_module().live_allocators.fetch_add(1);
     }
@@ -162,6 +169,7 @@ private:
             counts_.add(allocator_counts::queued_releases, -1);
             counts_.add(allocator_counts::unrecorded_allocations, -1);
         }
+        this_module().live_imports.fetch_sub(imports_.size()); // their prefixes go just below
         if constexpr (offers_shared_mapping<M>) {
             for (const auto& [prefix_id, references] : prefix_references_) {
                 mechanism_->destroy_shared_prefix(prefix_id);
@@ -749,7 +757,12 @@ private:
     static NxmemStatusCode slot_query_usage(NxmemAllocatorVtable* table, NxmemAllocatorUsage* out,
                                             NxmemStatus* status) noexcept {
         return detail::run_slot(status, [&]() -> result<void> {
-            NXMEM_TRY(usage, self(table).usage());
+            allocator_object& object = self(table);
+            NXMEM_TRY(usage, object.usage());
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                usage.live_imports = object.imports_.size();
+            }
             return abi::write_output(out, usage.to_wire());
         });
     }
@@ -770,6 +783,161 @@ private:
         } else {
             return mechanism_->usage();
         }
+    }
+
+    // ---- sharing across processes (minor 3) ----
+    // An import is the local prefix it made plus one reference on it, the import's, which
+    // close_import drops. The records are kept under prefix_mutex_, beside the references.
+
+    struct import_record {
+        std::uint64_t prefix_id = 0;
+        std::uint64_t size = 0;
+        std::uint32_t access = 0;
+    };
+
+    static NxmemStatusCode slot_export_handle(NxmemAllocatorVtable* table,
+                                              const NxmemExportRequest* raw, NxmemIpcHandle* out,
+                                              NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+                return boost::outcome_v2::failure(abi::describe_output_problem(out, problem));
+            }
+            if (!abi::known_ipc_kind(request.kind) || !abi::known_ipc_access(request.access)) {
+                return fail(status_code::invalid_argument,
+                            "unknown export kind " + std::to_string(request.kind) + " or access " +
+                                std::to_string(request.access));
+            }
+            if (request.kind == NXMEM_IPC_ALLOCATION) {
+                NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
+                                                     request.allocation.device));
+                return fail(status_code::unsupported_capability,
+                            std::string(M::name) + " shares shared prefixes only, not allocations");
+            }
+            NXMEM_TRY_VOID(object.check_prefix(request.prefix));
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                if (!object.prefix_references_.contains(request.prefix.prefix_id)) {
+                    return fail(status_code::invalid_argument,
+                                "no live shared prefix with id " +
+                                    std::to_string(request.prefix.prefix_id));
+                }
+            }
+            auto handle = abi::make_struct<NxmemIpcHandle>();
+            handle.abi_minor = NXMEM_ABI_MINOR;
+            handle.mechanism_id = M::mechanism_id;
+            handle.device = object.device_.to_wire();
+            handle.kind = NXMEM_IPC_PREFIX;
+            handle.access = request.access;
+            for (std::int32_t& fd : handle.fds) {
+                fd = -1;
+            }
+            NXMEM_TRY_VOID(object.mechanism_->export_shared_prefix(request.prefix.prefix_id,
+                                                                   request.access, handle));
+            abi::store_output(out, handle);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static NxmemStatusCode slot_import_handle(NxmemAllocatorVtable* table,
+                                              const NxmemImportRequest* raw, NxmemImport* out,
+                                              NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            if (const auto problem = abi::check_output(out); problem != abi::wire_problem::none) {
+                return boost::outcome_v2::failure(abi::describe_output_problem(out, problem));
+            }
+            NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
+            NXMEM_TRY(handle, abi::read_ipc_handle(request.handle));
+            NXMEM_TRY_VOID(abi::check_ipc_identity(handle, M::mechanism_id, object.device_.to_wire()));
+            NXMEM_TRY_VOID(abi::check_ipc_access(handle, request.access));
+            if (handle.kind != NXMEM_IPC_PREFIX) {
+                return fail(status_code::unsupported_capability,
+                            std::string(M::name) + " imports shared prefixes only, not allocations");
+            }
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                if (object.imports_.contains(request.import_id)) {
+                    return fail(status_code::invalid_argument,
+                                "import id " + std::to_string(request.import_id) + " is live already");
+                }
+            }
+            NXMEM_TRY(made, object.mechanism_->import_shared_prefix(handle, request.access));
+            try {
+                std::lock_guard lock(object.prefix_mutex_);
+                object.prefix_references_[made.prefix_id] =
+                    prefix_state{1, handle.size, 0, 0, false}; // the import's: never costed here (IP10)
+                object.imports_[request.import_id] = {made.prefix_id, handle.size, request.access};
+            } catch (...) {
+                {
+                    std::lock_guard lock(object.prefix_mutex_);
+                    object.prefix_references_.erase(made.prefix_id);
+                    object.imports_.erase(request.import_id);
+                }
+                object.mechanism_->destroy_shared_prefix(made.prefix_id);
+                throw;
+            }
+            this_module().live_shared_prefixes.fetch_add(1);
+            this_module().live_imports.fetch_add(1);
+            auto imported = abi::make_struct<NxmemImport>();
+            imported.kind = NXMEM_IPC_PREFIX;
+            imported.mechanism_id = M::mechanism_id;
+            imported.device = object.device_.to_wire();
+            imported.import_id = request.import_id;
+            imported.size = handle.size;
+            imported.access = request.access;
+            imported.prefix = abi::make_struct<NxmemSharedPrefixHandle>();
+            imported.prefix.mechanism_id = M::mechanism_id;
+            imported.prefix.device = object.device_.to_wire();
+            imported.prefix.prefix_id = made.prefix_id;
+            imported.prefix.size = handle.size;
+            imported.mapped_bytes = made.mapped_bytes;
+            abi::store_output(out, imported);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    static NxmemStatusCode slot_close_import(NxmemAllocatorVtable* table, const NxmemImport* raw,
+                                             NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(described, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
+            import_record record;
+            {
+                std::lock_guard lock(object.prefix_mutex_);
+                auto found = object.imports_.find(described.import_id);
+                if (found == object.imports_.end()) {
+                    return fail(status_code::unknown_allocation,
+                                "no live import " + std::to_string(described.import_id) +
+                                    " (closed already, or never imported here)");
+                }
+                if (described.kind != NXMEM_IPC_PREFIX || described.size != found->second.size ||
+                    described.access != found->second.access ||
+                    described.prefix.prefix_id != found->second.prefix_id) {
+                    return fail(status_code::invalid_argument,
+                                "import " + std::to_string(described.import_id) +
+                                    " is misdescribed (kind, size, access or prefix)");
+                }
+                record = found->second;
+                object.imports_.erase(found);
+            }
+            this_module().live_imports.fetch_sub(1);
+            return object.drop_prefix_reference(record.prefix_id);
+        });
+    }
+
+    static constexpr NxmemIpcVtable make_ipc_table() noexcept {
+        NxmemIpcVtable ipc{};
+        ipc.struct_size = sizeof ipc;
+        ipc.abi_minor = abi::ipc_minor;
+        ipc.type_tag = NXMEM_TYPE_TAG_IPC;
+        ipc.export_handle = &slot_export_handle;
+        ipc.import_handle = &slot_import_handle;
+        ipc.close_import = &slot_close_import;
+        return ipc;
     }
 
     // Per allocator: the granularity may depend on the device or on the allocator's options.
@@ -834,6 +1002,7 @@ private:
         bool ever_mapped = false;
     };
     std::unordered_map<std::uint64_t, prefix_state> prefix_references_;
+    std::unordered_map<std::uint64_t, import_record> imports_; // by import id, under prefix_mutex_
 };
 
 } // namespace nxmem::plugin

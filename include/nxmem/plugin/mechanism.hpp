@@ -197,6 +197,24 @@ template <class M>
 concept offers_usage_query =
     mechanism<M> && (usage_counts_everything<M> || usage_completes_kit_counts<M>);
 
+// NXMEM_CAP_IPC (minor 3): shared prefixes exported to and imported from other processes. The kit
+// reads and checks the untrusted handle's form, identity and access (abi/ipc_handle.hpp) and fills
+// its header; export_shared_prefix writes the descriptors (new, owned by the caller) and opaque
+// bytes; import_shared_prefix checks what only the mechanism can (descriptors, opaque bytes, a
+// replay) and makes a local prefix the kit then counts like a created one, its one reference the
+// import's. Its bytes are the importer's imported bytes, never its shared_prefix_bytes.
+struct imported_prefix {
+    std::uint64_t prefix_id = 0;
+    std::uint64_t mapped_bytes = 0; // what the import maps in this process
+};
+template <class M>
+concept offers_ipc = offers_shared_mapping<M> &&
+    requires(M& instance, std::uint64_t prefix_id, std::uint32_t access, NxmemIpcHandle& out,
+             const NxmemIpcHandle& handle) {
+        { instance.export_shared_prefix(prefix_id, access, out) } -> std::same_as<result<void>>;
+        { instance.import_shared_prefix(handle, access) } -> std::same_as<result<imported_prefix>>;
+    };
+
 // Minor 2's commit granularity of a virtual-backing mechanism, per allocator (a device's
 // granularity, huge pages). Without it the kit states the system page size.
 template <class M>
@@ -295,6 +313,7 @@ template <mechanism M> constexpr NxmemCapabilities capabilities_of() noexcept {
     flags |= offers_structured_release<M> ? NXMEM_CAP_STRUCTURED_RELEASE : 0;
     flags |= uses_host_reclaim<M> ? NXMEM_CAP_HOST_RECLAIM : 0;
     flags |= offers_usage_query<M> ? NXMEM_CAP_USAGE_QUERY : 0;
+    flags |= offers_ipc<M> ? NXMEM_CAP_IPC : 0;
     return flags;
 }
 
@@ -304,7 +323,10 @@ template <class M> constexpr std::uint32_t declared_minor_of() noexcept {
     if constexpr (raw_mechanism<M>) {
         return M::abi_minor;
     } else {
-        return offers_usage_query<M> ? 2u : offers_structured_release<M> ? 1u : 0u;
+        return offers_ipc<M>                   ? 3u
+               : offers_usage_query<M>         ? 2u
+               : offers_structured_release<M> ? 1u
+                                               : 0u;
     }
 }
 

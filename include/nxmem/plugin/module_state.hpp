@@ -27,6 +27,7 @@ struct module_state {
     std::atomic<std::uint64_t> factories_released{0};
     std::atomic<std::uint64_t> live_allocators{0};
     std::atomic<std::uint64_t> live_shared_prefixes{0};
+    std::atomic<std::uint64_t> live_imports{0}; // minor 3: imports not yet closed
 
     // Sums every live allocator's counts (and what allocators left counted when they went).
     NxmemUnloadReport report() const noexcept;
@@ -129,6 +130,7 @@ inline NxmemUnloadReport module_state::report() const noexcept {
     report.live_views = static_cast<std::uint64_t>(totals[allocator_counts::views]);
     report.live_shared_prefixes = live_shared_prefixes.load();
     report.queued_releases = static_cast<std::uint64_t>(totals[allocator_counts::queued_releases]);
+    report.live_imports = live_imports.load();
     return report;
 }
 

@@ -21,6 +21,8 @@
 #include <nxmem/concepts/shared_mapping.hpp>
 #include <nxmem/usage.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -601,6 +603,76 @@ public:
         });
     }
 
+    // ---- sharing across processes (minor 3) ----
+
+    // The handle the plugin wrote; its descriptors are the caller's from here on. A handle naming
+    // another mechanism or device, or more descriptors than a handle holds, is refused
+    // (CONTRACT_VIOLATION) and the descriptors it names are closed.
+    result<NxmemIpcHandle> export_handle(const NxmemExportRequest& request) {
+        return contain("export_handle", [&]() -> result<NxmemIpcHandle> {
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            if (request.kind == NXMEM_IPC_ALLOCATION) {
+                NXMEM_TRY_VOID(check_identity(request.allocation.mechanism_id, request.allocation.device));
+                NXMEM_TRY(record, live_.find(request.allocation));
+                (void)record;
+            } else {
+                NXMEM_TRY_VOID(check_identity(request.prefix.mechanism_id, request.prefix.device));
+            }
+            auto handle = abi::make_struct<NxmemIpcHandle>();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(ipc_->export_handle(raw_, &request, &handle, &status), status));
+            if (handle.fd_count > NXMEM_IPC_MAX_FDS || handle.mechanism_id != mechanism_id_ ||
+                !identifies_this(handle.mechanism_id, handle.device) || handle.kind != request.kind) {
+                for (std::uint32_t index = 0; index < NXMEM_IPC_MAX_FDS && index < handle.fd_count; ++index) {
+                    if (handle.fds[index] >= 0) {
+                        (void)::close(handle.fds[index]);
+                    }
+                }
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' exported a handle naming another mechanism, "
+                            "device or kind, or " + std::to_string(handle.fd_count) + " descriptors");
+            }
+            return handle;
+        });
+    }
+
+    // Imports `handle` (its descriptors borrowed for the call) under a new import id.
+    result<NxmemImport> import_handle(const NxmemIpcHandle& handle, std::uint32_t access) {
+        return contain("import_handle", [&]() -> result<NxmemImport> {
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            auto request = abi::make_struct<NxmemImportRequest>();
+            request.access = access;
+            request.mechanism_id = mechanism_id_;
+            request.device = wire_device_;
+            request.import_id = module_->allocation_ids_.next();
+            request.handle = &handle;
+            auto imported = abi::make_struct<NxmemImport>();
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(ipc_->import_handle(raw_, &request, &imported, &status), status));
+            if (imported.import_id != request.import_id ||
+                !identifies_this(imported.mechanism_id, imported.device)) {
+                (void)ipc_->close_import(raw_, &imported, &status);
+                return fail(status_code::contract_violation,
+                            "'" + mechanism_name_ + "' reported an import of another id, "
+                            "mechanism or device; it is closed and refused");
+            }
+            module_->tally_.imports.fetch_add(1);
+            return imported;
+        });
+    }
+
+    result<void> close_import(const NxmemImport& imported) {
+        return contain("close_import", [&]() -> result<void> {
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            NxmemStatus status = abi::make_status();
+            NXMEM_TRY_VOID(check(ipc_->close_import(raw_, &imported, &status), status));
+            module_->tally_.imports.fetch_sub(1);
+            return boost::outcome_v2::success();
+        });
+    }
+
+    bool has_ipc() const noexcept { return ipc_.has_value(); }
+
     bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
     const std::vector<capability_table_level>& capability_tables() const noexcept { return tables_; }
     bool has_shared_mapping() const noexcept { return shared_mapping_.has_value(); }
@@ -642,6 +714,11 @@ private:
             NXMEM_TRY(mapping, read_capability_table(copy.table.shared_mapping, ceiling));
             shared_mapping_ = mapping.table;
             tables_.push_back({"shared-mapping", mapping.declared_minor, mapping.effective_minor});
+        }
+        if (copy.table.ipc != nullptr) {
+            NXMEM_TRY(sharing, read_capability_table(copy.table.ipc, ceiling));
+            ipc_ = sharing.table;
+            tables_.push_back({"ipc", sharing.declared_minor, sharing.effective_minor});
         }
         table_ = copy.table;
         declared_minor_ = copy.declared_minor;
@@ -859,6 +936,7 @@ private:
     std::optional<NxmemVirtualBackingVtable> virtual_backing_;
     std::uint64_t commit_granularity_ = 0;
     std::optional<NxmemSharedMappingVtable> shared_mapping_;
+    std::optional<NxmemIpcVtable> ipc_; // minor 3
     std::vector<capability_table_level> tables_;
     device_id device_;
     NxmemDeviceId wire_device_; // device_, as every request names it
