@@ -2,7 +2,7 @@
 // at a time (test/fault_injection's operator new): every call ends as a value or OUT_OF_MEMORY,
 // nothing throws, and once the live allocations are released trim(0) leaves the upstream
 // holding nothing (LeakSanitizer checks the host side in ASan builds).
-#include "../fault_injection/allocation_failure.hpp"
+#include "../../tools/nxmem/allocation_failure.hpp"
 
 #include <nxmem/pool.hpp>
 
@@ -50,7 +50,7 @@ public:
 } // namespace
 
 TEST_CASE("every host allocation of the pool can fail: OUT_OF_MEMORY, nothing lost", "[pool][fault-injection]") {
-    test::fault::learn_runtime_objects();
+    fault::learn_runtime_objects();
     std::atomic<std::int64_t> upstream_live{0};
     std::uint64_t total = 0;
     for (std::uint64_t fail_at = 0;; ++fail_at) {
@@ -61,7 +61,7 @@ TEST_CASE("every host allocation of the pool can fail: OUT_OF_MEMORY, nothing lo
         static constexpr std::array<std::uint64_t, 8> sizes = {64, 64, 3000, 100000, 100000, 2 << 20, 64, 5000};
         std::array<std::optional<allocation<cpu_device>>, sizes.size()> made{};
         int refused = 0;
-        test::fault::arm(fail_at);
+        fault::arm(fault::side::host, fail_at);
         try {
             for (std::size_t i = 0; i < sizes.size(); ++i) {
                 auto one = pool.allocate(sizes[i], 16);
@@ -79,13 +79,13 @@ TEST_CASE("every host allocation of the pool can fail: OUT_OF_MEMORY, nothing lo
             }
             (void)pool.trim(0);
         } catch (...) {
-            test::fault::disarm();
+            fault::disarm();
             FAIL("an exception escaped the pool");
         }
-        test::fault::disarm();
-        const bool reached = test::fault::injected();
+        fault::disarm();
+        const bool reached = fault::injected();
         if (fail_at == 0) {
-            total = test::fault::host_allocations_counted();
+            total = fault::allocations_counted();
             REQUIRE(total > 0);
         }
         CHECK(refused < 1000); // every refusal was OUT_OF_MEMORY
