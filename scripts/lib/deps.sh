@@ -7,6 +7,7 @@ NXMEM_DEB_PACKAGES=(
   libboost-dev librange-v3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev
   libclang-rt-14-dev abigail-tools
   valgrind # the instruction budgets (test/perf): callgrind
+  libtorch-dev python3-torch libopenblas0 # the PyTorch integration (engines/torch, docs/TORCH.md)
 )
 
 # Prints the packages of NXMEM_DEB_PACKAGES that dpkg does not report as installed.
