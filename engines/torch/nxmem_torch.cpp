@@ -63,6 +63,9 @@ void pin_this_library() {
         installation::install(plugin, mechanism != nullptr ? mechanism : "posix-eager",
                               options != nullptr ? options : "",
                               pooled == nullptr || std::string(pooled) != "0");
+    } catch (const c10::Error& failure) {
+        std::fprintf(stderr, "nxmem_torch: NXMEM_TORCH_PLUGIN=%s not installed, PyTorch's allocator kept: %s\n",
+                     plugin, failure.what_without_backtrace());
     } catch (const std::exception& failure) {
         std::fprintf(stderr, "nxmem_torch: NXMEM_TORCH_PLUGIN=%s not installed, PyTorch's allocator kept: %s\n",
                      plugin, failure.what());

@@ -6,6 +6,7 @@
 #include <nxmem/committing_allocator.hpp>
 #include <nxmem/host.hpp>
 #if __has_include(<nxmem/pool.hpp>)
+#include <nxmem/host/pooled_allocator.hpp>
 #include <nxmem/pool.hpp>
 #define NXMEM_TORCH_HAS_POOL 1
 #else

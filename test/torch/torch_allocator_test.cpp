@@ -92,14 +92,16 @@ TEST_CASE("the model gives the same bits through nxmem as through PyTorch's allo
                 }
                 // The tensors are gone: once the pool is trimmed the plugin holds nothing.
                 installed.trim();
-                CHECK(figure(installed, "plugin_live_allocations") == 0);
+                // The pool over posix-lazy keeps one reservation (address space, nothing mapped).
+                const bool reserves = pooled && std::string(mechanism) == "posix-lazy";
+                CHECK(figure(installed, "plugin_live_allocations") == (reserves ? 1 : 0));
                 CHECK(figure(installed, "plugin_mapped_bytes") == 0);
                 CHECK(figure(installed, "failed_releases") == 0);
                 if (pooled) {
                     CHECK(figure(installed, "pool_live_allocations") == 0);
                     CHECK(figure(installed, "pool_held_bytes") == 0);
                 }
-                CHECK(installed.module()->readiness().value().host.allocations == 0);
+                CHECK(installed.module()->readiness().value().host.allocations == (reserves ? 1 : 0));
 
                 installation::uninstall();
                 CHECK(c10::GetCPUAllocator() == pytorch_allocator);
@@ -184,7 +186,7 @@ TEST_CASE("threads allocate and free tensors through one adapter at once", "[tor
     }
     installation::uninstall();
     installed.trim();
-    CHECK(figure(installed, "plugin_live_allocations") == 0);
+    CHECK(figure(installed, "plugin_mapped_bytes") == 0);
     CHECK(figure(installed, "failed_releases") == 0);
 }
 
