@@ -12,4 +12,5 @@
 #include <nxmem/host/owned_allocation.hpp>
 #include <nxmem/host/owned_prefix.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
+#include <nxmem/host/pooled_allocator.hpp>
 #include <nxmem/usage.hpp>

@@ -1,0 +1,97 @@
+// The pool's out-of-band records: everything it knows about the memory it hands out lives here,
+// on the host, so it never reads or writes that memory (which may be a GPU's).
+#pragma once
+
+#include <nxmem/allocation.hpp>
+#include <nxmem/detail/spin_lock.hpp>
+#include <nxmem/pool/size_classes.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+namespace nxmem::pool_detail {
+
+inline constexpr std::uint32_t none = 0xffffffffU;
+inline constexpr std::uint32_t shard_count = 16;
+
+// The shard a thread uses in every pool: threads take 0, 1, 2, ... in the order they first
+// allocate from any pool, so threads share a shard only beyond sixteen alive. Trivially
+// destructible: nothing runs at thread exit.
+inline std::uint32_t this_thread_shard() noexcept {
+    static std::atomic<std::uint32_t> next_shard{0};
+    thread_local const std::uint32_t shard =
+        next_shard.fetch_add(1, std::memory_order_relaxed) % shard_count;
+    return shard;
+}
+
+// One block of a slab: its generation, and the request it serves while live (the next free
+// block while free).
+struct block_record {
+    std::uint32_t generation = 0;
+    std::uint32_t size_or_next = none;
+    std::uint8_t alignment_log2 = 0;
+    bool live = false;
+};
+
+// A 64 KiB piece of a chunk, carved into blocks of one class while a shard owns it. Its fields
+// change only under its owner's lock (and `owner` only with both the owner's and the pool's).
+struct slab {
+    std::atomic<std::uint32_t> owner{none}; // the shard whose lock guards it; none while free
+    std::uint32_t index = 0;
+    std::uint32_t class_index = pool_classes::not_small;
+    std::uint32_t block_count = 0;
+    std::uint32_t free_count = 0;
+    std::uint32_t free_head = none;
+    std::uint32_t previous = none; // in its shard's list of partly used slabs
+    std::uint32_t next = none;     // the same list, or the pool's list of free slabs
+    bool listed = false;           // in its shard's partly used list
+    std::uint32_t generation_floor = 0; // every generation this slab ever issued is at most this
+    std::uint32_t record_capacity = 0;
+    std::uint64_t base = 0;        // wire address
+    std::uint64_t block_bytes = 0;
+    std::unique_ptr<block_record[]> records;
+};
+
+enum class span_state : std::uint8_t { unused, live, cached, leaving };
+
+// A large allocation of its own from the upstream (cached by size when released) or a pass-through.
+template <class D> struct span_record {
+    std::atomic<std::uint32_t> owner{none};
+    std::uint32_t index = 0;
+    std::uint32_t generation = 0;
+    std::uint32_t next = none; // in its shard's bin, in the pool's free index list, or a trim's list
+    span_state state = span_state::unused;
+    bool pass_through = false;
+    std::uint64_t requested_bytes = 0;
+    std::uint64_t alignment = 0;
+    allocation<D> upstream{};
+};
+
+// A chunk: one upstream allocation (or one committed range of the reservation) of slabs.
+template <class D> struct chunk_record {
+    allocation<D> upstream{};
+    std::uint64_t base = 0;
+    std::uint32_t free_slabs = 0;
+    std::uint32_t next = none; // in the pool's free chunk list
+    bool in_use = false;
+};
+
+// A thread's share of the pool, guarded by its own lock on its own cache lines.
+struct alignas(64) shard {
+    nxmem::detail::spin_lock lock;
+    std::array<slab*, pool_classes::small_class_count> current{};
+    std::array<std::uint32_t, pool_classes::small_class_count> partial;
+    std::array<std::uint32_t, pool_classes::bin_count> cached;
+    std::uint64_t live_allocations = 0;
+    std::uint64_t in_use_bytes = 0;     // requested
+    std::uint64_t handed_out_bytes = 0; // blocks and spans
+    std::atomic<std::uint64_t> cached_bytes{0}; // read unlocked by the retention check
+    shard() noexcept {
+        partial.fill(none);
+        cached.fill(none);
+    }
+};
+
+} // namespace nxmem::pool_detail

@@ -1,0 +1,1123 @@
+// pool_allocator<Upstream>: serves many allocations from few upstream ones, so an engine crosses
+// into its upstream (a plugin, the driver) once per chunk, not once per allocation, and reuses
+// memory it already faulted in. Itself a DeviceAllocator, so pools compose.
+//
+// - Small requests (up to 16 KiB) are blocks of a size class, carved from 64 KiB slabs of
+//   chunks taken from the upstream; larger ones up to pass_through_bytes are spans, one upstream
+//   allocation each, rounded to a size bin and cached by bin when released; larger still pass
+//   straight through.
+// - Metadata is out of band: the pool never reads or writes the memory it hands out.
+// - A release is checked as the host adapter checks one (docs/ABI.md M1, M4, M5, M10) in
+//   constant time: the id names the record (pool/detail/pooled_id.hpp).
+// - Each thread allocates from its shard (sixteen, each behind its own lock on its own cache
+//   lines); no lock is held while the upstream is called, so the upstream may call back into
+//   the pool on the same thread (a reclaim hook that trims it).
+// - Over an upstream that offers virtual backing (pool/virtual_upstream.hpp) the pool reserves
+//   once and commits chunk by chunk; trim decommits.
+#pragma once
+
+#include <nxmem/concepts/device_allocator.hpp>
+#include <nxmem/detail/page_size.hpp>
+#include <nxmem/pool/detail/pool_records.hpp>
+#include <nxmem/pool/detail/pooled_id.hpp>
+#include <nxmem/pool/detail/stable_directory.hpp>
+#include <nxmem/pool/pool_options.hpp>
+#include <nxmem/pool/pool_usage.hpp>
+#include <nxmem/pool/size_classes.hpp>
+#include <nxmem/pool/virtual_upstream.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+namespace nxmem {
+
+namespace pool_detail {
+// The upstream's virtual backing, when it has one; an empty type otherwise.
+template <class Upstream> struct backing_holder {
+    static constexpr bool possible = false;
+};
+template <class Upstream>
+    requires offers_virtual_backing<Upstream>
+struct backing_holder<Upstream> {
+    static constexpr bool possible = true;
+    std::optional<virtual_backing_of<Upstream>> view;
+};
+} // namespace pool_detail
+
+template <DeviceAllocator Upstream> class pool_allocator {
+public:
+    using device_type = typename Upstream::device_type;
+    using address_type = typename device_type::address_type;
+
+    explicit pool_allocator(Upstream upstream, pool_options options = {})
+        : upstream_(std::move(upstream)), options_(options), device_(upstream_.device()) {
+        configure();
+    }
+
+    // Constructs the upstream in place, from `arguments`: for an upstream that cannot be moved
+    // (or see shared_upstream, for one the engine keeps using beside the pool).
+    template <class... Arguments>
+    explicit pool_allocator(std::in_place_t, pool_options options, Arguments&&... arguments)
+        : upstream_(std::forward<Arguments>(arguments)...), options_(options),
+          device_(upstream_.device()) {
+        configure();
+    }
+
+    pool_allocator(const pool_allocator&) = delete;
+    pool_allocator& operator=(const pool_allocator&) = delete;
+
+    // Gives everything it holds back to the upstream, live allocations included: they end with
+    // the pool.
+    ~pool_allocator() {
+        for (std::uint64_t index = 0; index < next_span_; ++index) {
+            span_type& span = spans_[index];
+            if (span.state != pool_detail::span_state::unused) {
+                (void)upstream_.release(span.upstream);
+            }
+        }
+        if (reservation_.has_value()) {
+            if constexpr (backing_type::possible) {
+                backing_.view.reset();
+            }
+            (void)upstream_.release(*reservation_);
+            return;
+        }
+        for (std::uint64_t index = 0; index < next_chunk_; ++index) {
+            if (chunk_type& chunk = chunks_[index]; chunk.in_use) {
+                (void)upstream_.release(chunk.upstream);
+            }
+        }
+    }
+
+    device_id device() const noexcept { return device_; }
+
+    result<allocation<device_type>> allocate(std::uint64_t size, std::uint64_t alignment) {
+        if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) [[unlikely]] {
+            return refused_request(size, alignment);
+        }
+        const std::uint32_t size_class = pool_classes::class_of(size, alignment);
+        if (size_class != pool_classes::not_small) [[likely]] {
+            const std::uint32_t home_index = pool_detail::this_thread_shard();
+            pool_detail::shard& home = shards_[home_index];
+            home.lock.lock();
+            pool_detail::slab* slab = home.current[size_class];
+            if (slab != nullptr && slab->free_head != pool_detail::none) [[likely]] {
+                return hand_out_block(home, *slab, size, alignment);
+            }
+            home.lock.unlock();
+            return allocate_block_slowly(size_class, size, alignment);
+        }
+        return allocate_span(size, alignment);
+    }
+
+    // Checked as the host adapter checks a release (docs/ABI.md M10's order): another mechanism
+    // (WRONG_MECHANISM), another device (WRONG_DEVICE), a size or alignment no allocation has
+    // (INVALID_ARGUMENT), an allocation not live here (UNKNOWN_ALLOCATION), a live one
+    // misdescribed (INVALID_ARGUMENT); a refused release changes nothing. A pooled release
+    // reports COMPLETE with unmapped_bytes 0 (the memory stays in the pool, idle); a
+    // pass-through one reports what the upstream reported.
+    result<release_report> release(const allocation<device_type>& live) {
+        if (const auto code = identity_fault(live); code != status_code::ok) [[unlikely]] {
+            return refused_release(code, live);
+        }
+        if (!pool_detail::names_span(live.allocation_id)) [[likely]] {
+            return release_block(live);
+        }
+        return release_span(live);
+    }
+
+    // Releases the allocation that starts at `address`, found in the pool's own records (a
+    // sorted map of its chunks and spans), with the same checks.
+    result<release_report> release_by_address(address_type address) {
+        std::optional<allocation<device_type>> live = find_live(device_type::to_wire(address));
+        if (!live.has_value()) {
+            return refused_release(status_code::unknown_allocation,
+                                   allocation<device_type>{address, 0, 0, 0, 0, device_});
+        }
+        return release(*live);
+    }
+
+    // Gives idle memory back to the upstream (cached spans, then chunks with no block in use)
+    // until at most keep_bytes are idle or nothing idle is left to give; free blocks of slabs
+    // still in use stay. Returns the bytes given back.
+    std::uint64_t trim(std::uint64_t keep_bytes = 0) {
+        const pool_usage now = usage();
+        if (now.idle_bytes <= keep_bytes) {
+            return 0;
+        }
+        const std::uint64_t excess = now.idle_bytes - keep_bytes;
+        std::uint64_t given = give_back_cached_spans(excess);
+        if (given < excess) {
+            retire_idle_current_slabs();
+            given += give_back_free_chunks(excess - given);
+        }
+        return given;
+    }
+
+    pool_usage usage() const {
+        pool_usage totals;
+        std::uint64_t handed_out = 0;
+        for (pool_detail::shard& shard : shards_) {
+            std::lock_guard lock(shard.lock);
+            totals.live_allocations += shard.live_allocations;
+            totals.in_use_bytes += shard.in_use_bytes;
+            handed_out += shard.handed_out_bytes;
+        }
+        totals.held_bytes = held_bytes_.load(std::memory_order_relaxed);
+        totals.idle_bytes = totals.held_bytes > handed_out ? totals.held_bytes - handed_out : 0;
+        totals.upstream_allocations = upstream_allocations_.load(std::memory_order_relaxed);
+        totals.upstream_releases = upstream_releases_.load(std::memory_order_relaxed);
+        totals.upstream_commits = upstream_commits_.load(std::memory_order_relaxed);
+        totals.upstream_decommits = upstream_decommits_.load(std::memory_order_relaxed);
+        return totals;
+    }
+
+    Upstream& upstream() noexcept { return upstream_; }
+    const Upstream& upstream() const noexcept { return upstream_; }
+
+    // What the pool resolved its options to.
+    std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+    std::uint64_t pass_through_bytes() const noexcept { return pass_through_bytes_; }
+    bool grows_by_commit() const noexcept { return reservation_.has_value(); }
+
+private:
+    using backing_type = pool_detail::backing_holder<Upstream>;
+
+    using span_type = pool_detail::span_record<device_type>;
+    using chunk_type = pool_detail::chunk_record<device_type>;
+    static constexpr std::size_t directory_leaves = 1024;
+
+    // One entry per chunk and span (or one for the whole reservation), by start address.
+    struct mapped_range {
+        std::uint64_t end = 0;
+        bool span = false;
+        std::uint32_t index = 0;
+    };
+    struct alignas(64) padded_lock {
+        nxmem::detail::spin_lock lock;
+    };
+
+    // Resolves the options against what the upstream offers; reserves when growing by commit.
+    void configure() {
+        std::uint64_t granule = nxmem::detail::system_page_bytes();
+        bool by_commit = false;
+        if constexpr (backing_type::possible) {
+            if (options_.growth != pool_growth::by_allocation) {
+                auto offered = upstream_.virtual_backing();
+                if (offered.has_value()) {
+                    backing_.view.emplace(std::move(offered).value());
+                    if constexpr (states_commit_granularity<virtual_backing_of<Upstream>>) {
+                        granule = std::max<std::uint64_t>(granule, backing_.view->commit_granularity());
+                    }
+                    by_commit = true;
+                }
+            }
+        }
+        granule_ = granule;
+        chunk_bytes_ = options_.chunk_bytes != 0 ? options_.chunk_bytes
+                                                 : std::max(pool_default_chunk_bytes, granule);
+        chunk_bytes_ = pool_classes::round_up(
+            pool_classes::round_up(chunk_bytes_, pool_classes::slab_bytes), granule);
+        slabs_per_chunk_ = static_cast<std::uint32_t>(chunk_bytes_ / pool_classes::slab_bytes);
+        pass_through_bytes_ = options_.pass_through_bytes != 0 ? options_.pass_through_bytes
+                                                               : pool_default_pass_through_bytes;
+        if (by_commit) {
+            reserve_for_commit();
+        }
+    }
+
+    // ---- small blocks ----
+
+    // Under home's lock, with a free block in `slab`; drops the lock.
+    result<allocation<device_type>> hand_out_block(pool_detail::shard& home, pool_detail::slab& slab,
+                                                   std::uint64_t size, std::uint64_t alignment) {
+        const std::uint32_t block = slab.free_head;
+        pool_detail::block_record& record = slab.records[block];
+        slab.free_head = record.size_or_next;
+        --slab.free_count;
+        const std::uint32_t generation = ++record.generation;
+        record.size_or_next = static_cast<std::uint32_t>(size);
+        record.alignment_log2 = static_cast<std::uint8_t>(std::countr_zero(alignment));
+        record.live = true;
+        ++home.live_allocations;
+        home.in_use_bytes += size;
+        home.handed_out_bytes += slab.block_bytes;
+        const std::uint64_t address = slab.base + block * slab.block_bytes;
+        const std::uint32_t slab_index = slab.index;
+        home.lock.unlock();
+        return allocation<device_type>{device_type::from_wire(address), size, alignment,
+                                       pool_detail::block_id(generation, slab_index, block),
+                                       mechanism_id_.load(std::memory_order_relaxed), device_};
+    }
+
+    [[gnu::noinline]] result<allocation<device_type>>
+    allocate_block_slowly(std::uint32_t size_class, std::uint64_t size, std::uint64_t alignment) {
+        const std::uint32_t home_index = pool_detail::this_thread_shard();
+        pool_detail::shard& home = shards_[home_index];
+        for (;;) {
+            home.lock.lock();
+            pool_detail::slab* slab = home.current[size_class];
+            bool records_failed = false;
+            if (slab == nullptr || slab->free_head == pool_detail::none) {
+                slab = next_slab(home, home_index, size_class, records_failed);
+            }
+            if (records_failed) {
+                home.lock.unlock();
+                return out_of_memory("the host could not record a slab's blocks");
+            }
+            if (slab != nullptr) {
+                return hand_out_block(home, *slab, size, alignment);
+            }
+            home.lock.unlock();
+            // No slab anywhere: one more chunk, with no lock held.
+            if (auto grown = grow(); !grown.has_value()) {
+                return std::move(grown).error();
+            }
+        }
+    }
+
+    // Under home's lock: a partly used slab of the class, else a free slab given the class
+    // (null when none is free, or when its records could not be made: records_failed).
+    pool_detail::slab* next_slab(pool_detail::shard& home, std::uint32_t home_index,
+                                 std::uint32_t size_class, bool& records_failed) {
+        if (const std::uint32_t partial = home.partial[size_class]; partial != pool_detail::none) {
+            pool_detail::slab& slab = slabs_[partial];
+            unlist(home, slab);
+            home.current[size_class] = &slab;
+            return &slab;
+        }
+        pool_detail::slab* fresh = take_free_slab();
+        if (fresh == nullptr) {
+            return nullptr;
+        }
+        if (!carve(*fresh, size_class)) {
+            put_free_slab(*fresh);
+            records_failed = true;
+            return nullptr;
+        }
+        fresh->owner.store(home_index, std::memory_order_release);
+        home.current[size_class] = fresh;
+        return fresh;
+    }
+
+    // Gives an unowned slab the blocks of a class; false when the host has no memory for its
+    // records. Every block starts above the slab's generation floor.
+    bool carve(pool_detail::slab& slab, std::uint32_t size_class) noexcept {
+        const std::uint64_t block_bytes = pool_classes::class_bytes(size_class);
+        const auto count = static_cast<std::uint32_t>(pool_classes::slab_bytes / block_bytes);
+        if (slab.record_capacity < count) {
+            auto* records = new (std::nothrow) pool_detail::block_record[count];
+            if (records == nullptr) {
+                return false;
+            }
+            slab.records.reset(records);
+            slab.record_capacity = count;
+        }
+        for (std::uint32_t block = 0; block < count; ++block) {
+            slab.records[block] = {slab.generation_floor,
+                                   block + 1 < count ? block + 1 : pool_detail::none, 0, false};
+        }
+        slab.class_index = size_class;
+        slab.block_bytes = block_bytes;
+        slab.block_count = count;
+        slab.free_count = count;
+        slab.free_head = 0;
+        slab.listed = false;
+        return true;
+    }
+
+    result<release_report> release_block(const allocation<device_type>& live) {
+        const std::uint64_t id = live.allocation_id;
+        pool_detail::slab* slab = slabs_.find(pool_detail::slab_of(id));
+        if (slab == nullptr) [[unlikely]] {
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        pool_detail::shard* owner = lock_owner(*slab);
+        if (owner == nullptr) [[unlikely]] {
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        const std::uint32_t block = pool_detail::block_of(id);
+        if (block >= slab->block_count || !slab->records[block].live ||
+            slab->records[block].generation != pool_detail::generation_of(id)) [[unlikely]] {
+            owner->lock.unlock();
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        pool_detail::block_record& record = slab->records[block];
+        if (device_type::to_wire(live.address) != slab->base + block * slab->block_bytes ||
+            live.size != record.size_or_next ||
+            live.alignment != std::uint64_t{1} << record.alignment_log2) [[unlikely]] {
+            owner->lock.unlock();
+            return refused_release(status_code::invalid_argument, live);
+        }
+        record.live = false;
+        owner->live_allocations -= 1;
+        owner->in_use_bytes -= live.size;
+        owner->handed_out_bytes -= slab->block_bytes;
+        if (record.generation >= pool_detail::generation_limit) [[unlikely]] {
+            // Its ids are spent: the block is never handed out again (nor its slab given back).
+            owner->lock.unlock();
+            return release_report{release_state::complete, 0, 0};
+        }
+        record.size_or_next = slab->free_head;
+        slab->free_head = block;
+        ++slab->free_count;
+        const bool current = owner->current[slab->class_index] == slab;
+        if (!current && slab->free_count == slab->block_count) [[unlikely]] {
+            if (slab->listed) {
+                unlist(*owner, *slab);
+            }
+            retire_slab(*slab);
+            owner->lock.unlock();
+            enforce_retention();
+            return release_report{release_state::complete, 0, 0};
+        }
+        if (!current && !slab->listed) [[unlikely]] {
+            enlist(*owner, *slab);
+        }
+        owner->lock.unlock();
+        return release_report{release_state::complete, 0, 0};
+    }
+
+    // Locks the shard that owns `slab` (or span) now; null when nobody owns it.
+    template <class Record> pool_detail::shard* lock_owner(Record& record) noexcept {
+        std::uint32_t owner = record.owner.load(std::memory_order_acquire);
+        for (;;) {
+            if (owner >= pool_detail::shard_count) {
+                return nullptr;
+            }
+            pool_detail::shard& shard = shards_[owner];
+            shard.lock.lock();
+            const std::uint32_t now = record.owner.load(std::memory_order_relaxed);
+            if (now == owner) {
+                return &shard;
+            }
+            shard.lock.unlock();
+            owner = now;
+        }
+    }
+
+    void enlist(pool_detail::shard& shard, pool_detail::slab& slab) noexcept {
+        const std::uint32_t head = shard.partial[slab.class_index];
+        slab.previous = pool_detail::none;
+        slab.next = head;
+        if (head != pool_detail::none) {
+            slabs_[head].previous = slab.index;
+        }
+        shard.partial[slab.class_index] = slab.index;
+        slab.listed = true;
+    }
+    void unlist(pool_detail::shard& shard, pool_detail::slab& slab) noexcept {
+        if (slab.previous != pool_detail::none) {
+            slabs_[slab.previous].next = slab.next;
+        } else {
+            shard.partial[slab.class_index] = slab.next;
+        }
+        if (slab.next != pool_detail::none) {
+            slabs_[slab.next].previous = slab.previous;
+        }
+        slab.previous = slab.next = pool_detail::none;
+        slab.listed = false;
+    }
+
+    // Each shard keeps its current slab of a class when its last block comes back (so a thread
+    // that allocates and releases one block does not carve a slab each time); trim takes them.
+    void retire_idle_current_slabs() noexcept {
+        for (pool_detail::shard& shard : shards_) {
+            std::lock_guard lock(shard.lock);
+            for (pool_detail::slab*& current : shard.current) {
+                if (current != nullptr && current->free_count == current->block_count) {
+                    pool_detail::slab& idle = *current;
+                    current = nullptr;
+                    retire_slab(idle);
+                }
+            }
+        }
+    }
+
+    // Under the owner's lock, every block free: the slab goes back to the pool's free slabs.
+    void retire_slab(pool_detail::slab& slab) noexcept {
+        std::uint32_t floor = slab.generation_floor;
+        for (std::uint32_t block = 0; block < slab.block_count; ++block) {
+            floor = std::max(floor, slab.records[block].generation);
+        }
+        slab.generation_floor = floor;
+        slab.class_index = pool_classes::not_small;
+        slab.block_count = 0;
+        slab.free_head = pool_detail::none;
+        if (floor >= pool_detail::generation_limit - 1) [[unlikely]] {
+            return; // spent: never carved again, its chunk never given back
+        }
+        std::lock_guard lock(pool_mutex_);
+        slab.owner.store(pool_detail::none, std::memory_order_release);
+        put_free_slab_locked(slab);
+    }
+
+    pool_detail::slab* take_free_slab() noexcept {
+        std::lock_guard lock(pool_mutex_);
+        if (free_slabs_ == pool_detail::none) {
+            return nullptr;
+        }
+        pool_detail::slab& slab = slabs_[free_slabs_];
+        free_slabs_ = slab.next;
+        slab.next = pool_detail::none;
+        chunks_[slab.index / slabs_per_chunk_].free_slabs -= 1;
+        free_slab_bytes_.fetch_sub(pool_classes::slab_bytes, std::memory_order_relaxed);
+        return &slab;
+    }
+    void put_free_slab(pool_detail::slab& slab) noexcept {
+        std::lock_guard lock(pool_mutex_);
+        put_free_slab_locked(slab);
+    }
+    void put_free_slab_locked(pool_detail::slab& slab) noexcept {
+        slab.next = free_slabs_;
+        free_slabs_ = slab.index;
+        chunks_[slab.index / slabs_per_chunk_].free_slabs += 1;
+        free_slab_bytes_.fetch_add(pool_classes::slab_bytes, std::memory_order_relaxed);
+    }
+
+    // ---- chunks ----
+
+    // One more chunk of free slabs, from the upstream; no lock held while it is called.
+    result<void> grow() {
+        try {
+            if (reservation_.has_value()) {
+                return grow_by_commit();
+            }
+            auto fresh = upstream_.allocate(chunk_bytes_, pool_classes::slab_bytes);
+            if (!fresh.has_value()) {
+                return upstream_refused("a chunk of " + std::to_string(chunk_bytes_) + " bytes",
+                                        fresh.error());
+            }
+            count_upstream_allocation(fresh.value());
+            const allocation<device_type> chunk = fresh.value();
+            const std::uint64_t base = device_type::to_wire(chunk.address);
+            std::optional<std::uint32_t> slot = take_chunk_slot();
+            if (!slot.has_value()) {
+                give_back_upstream(chunk);
+                return out_of_memory("the pool's chunk table is full");
+            }
+            if (!map_insert(base, base + chunk_bytes_, false, *slot)) {
+                free_chunk_slot(*slot);
+                give_back_upstream(chunk);
+                return out_of_memory("the host could not record a chunk");
+            }
+            publish_chunk(*slot, chunk, base);
+            return boost::outcome_v2::success();
+        } catch (const std::bad_alloc&) {
+            return error{status_code::out_of_memory, {}};
+        }
+    }
+
+    result<void> grow_by_commit() {
+        std::optional<std::uint32_t> slot = take_chunk_slot();
+        if (!slot.has_value()) {
+            return out_of_memory("the pool's reservation of " +
+                                 std::to_string(reservation_->size) + " bytes is fully committed");
+        }
+        if constexpr (backing_type::possible) {
+            const std::uint64_t offset = std::uint64_t{*slot} * chunk_bytes_;
+            auto committed = backing_.view->commit(*reservation_, byte_range{offset, chunk_bytes_});
+            if (!committed.has_value()) {
+                free_chunk_slot(*slot);
+                return upstream_refused("a commit of " + std::to_string(chunk_bytes_) + " bytes",
+                                        committed.error());
+            }
+            upstream_commits_.fetch_add(1, std::memory_order_relaxed);
+            held_bytes_.fetch_add(chunk_bytes_, std::memory_order_relaxed);
+            allocation<device_type> chunk = *reservation_;
+            publish_chunk(*slot, chunk, device_type::to_wire(reservation_->address) + offset);
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // A chunk slot whose records exist (and those of its slabs); none when the tables are full
+    // or the host has no memory for them.
+    std::optional<std::uint32_t> take_chunk_slot() noexcept {
+        std::lock_guard lock(pool_mutex_);
+        if (free_chunks_ != pool_detail::none) {
+            const std::uint32_t slot = free_chunks_;
+            free_chunks_ = chunks_[slot].next;
+            return slot;
+        }
+        const std::uint64_t slot = next_chunk_;
+        const std::uint64_t first_slab = slot * slabs_per_chunk_;
+        if (first_slab + slabs_per_chunk_ > pool_detail::slab_limit || slot >= chunk_limit_) {
+            return std::nullopt;
+        }
+        try {
+            chunks_.make_leaf_for(slot);
+            for (std::uint64_t slab = first_slab; slab < first_slab + slabs_per_chunk_;
+                 slab += slab_directory::leaf_size) {
+                slabs_.make_leaf_for(slab);
+            }
+            slabs_.make_leaf_for(first_slab + slabs_per_chunk_ - 1);
+        } catch (const std::bad_alloc&) {
+            return std::nullopt;
+        }
+        next_chunk_ = slot + 1;
+        return static_cast<std::uint32_t>(slot);
+    }
+    void free_chunk_slot(std::uint32_t slot) noexcept {
+        std::lock_guard lock(pool_mutex_);
+        chunks_[slot].next = free_chunks_;
+        free_chunks_ = slot;
+    }
+
+    // The chunk's slabs join the free slabs.
+    void publish_chunk(std::uint32_t slot, const allocation<device_type>& upstream, std::uint64_t base) {
+        std::lock_guard lock(pool_mutex_);
+        chunk_type& chunk = chunks_[slot];
+        chunk.upstream = upstream;
+        chunk.base = base;
+        chunk.in_use = true;
+        chunk.free_slabs = 0;
+        for (std::uint32_t page = slabs_per_chunk_; page-- > 0;) {
+            pool_detail::slab& slab = slabs_[std::uint64_t{slot} * slabs_per_chunk_ + page];
+            slab.index = slot * slabs_per_chunk_ + page;
+            slab.base = base + std::uint64_t{page} * pool_classes::slab_bytes;
+            put_free_slab_locked(slab);
+        }
+    }
+
+    std::uint64_t give_back_free_chunks(std::uint64_t wanted) {
+        std::uint64_t given = 0;
+        std::uint32_t leaving = pool_detail::none; // chunks taken out, linked through next
+        {
+            std::lock_guard lock(pool_mutex_);
+            for (std::uint64_t slot = 0; slot < next_chunk_ && given < wanted; ++slot) {
+                chunk_type& chunk = chunks_[slot];
+                if (chunk.in_use && chunk.free_slabs == slabs_per_chunk_) {
+                    chunk.in_use = false;
+                    chunk.next = leaving;
+                    leaving = static_cast<std::uint32_t>(slot);
+                    given += chunk_bytes_;
+                }
+            }
+            if (leaving == pool_detail::none) {
+                return 0;
+            }
+            // Their slabs leave the free list (one pass) and drop their records.
+            std::uint32_t* link = &free_slabs_;
+            while (*link != pool_detail::none) {
+                pool_detail::slab& slab = slabs_[*link];
+                if (!chunks_[slab.index / slabs_per_chunk_].in_use) {
+                    *link = slab.next;
+                    slab.next = pool_detail::none;
+                    slab.records.reset();
+                    slab.record_capacity = 0;
+                    chunks_[slab.index / slabs_per_chunk_].free_slabs -= 1;
+                    free_slab_bytes_.fetch_sub(pool_classes::slab_bytes, std::memory_order_relaxed);
+                } else {
+                    link = &slab.next;
+                }
+            }
+        }
+        while (leaving != pool_detail::none) {
+            chunk_type& chunk = chunks_[leaving];
+            const std::uint32_t slot = leaving;
+            leaving = chunk.next;
+            if (reservation_.has_value()) {
+                decommit_chunk(slot);
+            } else {
+                map_erase(chunk.base);
+                give_back_upstream(chunk.upstream);
+            }
+            free_chunk_slot(slot);
+        }
+        return given;
+    }
+
+    void decommit_chunk(std::uint32_t slot) {
+        if constexpr (backing_type::possible) {
+            const std::uint64_t offset = std::uint64_t{slot} * chunk_bytes_;
+            if (backing_.view->decommit(*reservation_, byte_range{offset, chunk_bytes_}).has_value()) {
+                upstream_decommits_.fetch_add(1, std::memory_order_relaxed);
+            }
+            held_bytes_.fetch_sub(chunk_bytes_, std::memory_order_relaxed);
+        }
+    }
+
+    void reserve_for_commit() {
+        const std::uint64_t wanted = pool_classes::round_up(
+            options_.reserve_bytes != 0 ? options_.reserve_bytes : pool_default_reserve_bytes,
+            chunk_bytes_);
+        auto reserved = upstream_.allocate(wanted, pool_classes::slab_bytes);
+        if (!reserved.has_value()) {
+            if constexpr (backing_type::possible) {
+                backing_.view.reset(); // grows by allocation instead
+            }
+            return;
+        }
+        upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
+        mechanism_id_.store(reserved.value().mechanism_id, std::memory_order_relaxed);
+        mechanism_known_.store(true, std::memory_order_relaxed);
+        reservation_ = reserved.value();
+        chunk_limit_ = wanted / chunk_bytes_;
+        const std::uint64_t base = device_type::to_wire(reserved.value().address);
+        try {
+            ranges_.emplace(base, mapped_range{base + wanted, false, 0});
+        } catch (const std::bad_alloc&) {
+            (void)upstream_.release(*reservation_);
+            upstream_releases_.fetch_add(1, std::memory_order_relaxed);
+            reservation_.reset();
+            if constexpr (backing_type::possible) {
+                backing_.view.reset();
+            }
+        }
+    }
+
+    // ---- spans ----
+
+    result<allocation<device_type>> allocate_span(std::uint64_t size, std::uint64_t alignment) {
+        if (size > pass_through_bytes_) {
+            return allocate_new_span(size, size, alignment, true);
+        }
+        const std::uint64_t bytes = pool_classes::bin_bytes(std::max(size, granule_), granule_);
+        const std::uint32_t bin = pool_classes::bin_of(bytes);
+        const std::uint32_t home_index = pool_detail::this_thread_shard();
+        pool_detail::shard& home = shards_[home_index];
+        home.lock.lock();
+        if (const std::uint32_t head = home.cached[bin]; head != pool_detail::none) {
+            span_type& span = spans_[head];
+            if (span.upstream.size >= bytes &&
+                device_type::to_wire(span.upstream.address) % alignment == 0) {
+                home.cached[bin] = span.next;
+                span.next = pool_detail::none;
+                home.cached_bytes.fetch_sub(span.upstream.size, std::memory_order_relaxed);
+                return hand_out_span(home, span, size, alignment);
+            }
+        }
+        home.lock.unlock();
+        return allocate_new_span(bytes, size, alignment, false);
+    }
+
+    // Under home's lock, the span owned by home; drops the lock.
+    result<allocation<device_type>> hand_out_span(pool_detail::shard& home, span_type& span,
+                                                  std::uint64_t size, std::uint64_t alignment) {
+        const std::uint32_t generation = ++span.generation;
+        span.state = pool_detail::span_state::live;
+        span.requested_bytes = size;
+        span.alignment = alignment;
+        ++home.live_allocations;
+        home.in_use_bytes += size;
+        home.handed_out_bytes += span.upstream.size;
+        const allocation<device_type> handed{span.upstream.address, size, alignment,
+                                             pool_detail::span_id(generation, span.index),
+                                             span.upstream.mechanism_id, device_};
+        home.lock.unlock();
+        return handed;
+    }
+
+    [[gnu::noinline]] result<allocation<device_type>>
+    allocate_new_span(std::uint64_t bytes, std::uint64_t size, std::uint64_t alignment, bool pass_through) {
+        try {
+            const std::uint64_t upstream_alignment = pass_through ? alignment : std::max(alignment, granule_);
+            auto fresh = upstream_.allocate(bytes, upstream_alignment);
+            if (!fresh.has_value()) {
+                return upstream_refused("a span of " + std::to_string(bytes) + " bytes", fresh.error());
+            }
+            count_upstream_allocation(fresh.value());
+            const allocation<device_type> memory = fresh.value();
+            if (auto usable = commit_span(memory); !usable.has_value()) {
+                give_back_upstream(memory);
+                return std::move(usable).error();
+            }
+            const std::uint64_t base = device_type::to_wire(memory.address);
+            std::optional<std::uint32_t> index = take_span_index();
+            if (!index.has_value()) {
+                give_back_upstream(memory);
+                return out_of_memory("the pool's span table is full");
+            }
+            if (!map_insert(base, base + memory.size, true, *index)) {
+                free_span_index(*index);
+                give_back_upstream(memory);
+                return out_of_memory("the host could not record a span");
+            }
+            const std::uint32_t home_index = pool_detail::this_thread_shard();
+            pool_detail::shard& home = shards_[home_index];
+            span_type& span = spans_[*index];
+            home.lock.lock();
+            span.upstream = memory;
+            span.pass_through = pass_through;
+            span.next = pool_detail::none;
+            span.owner.store(home_index, std::memory_order_release);
+            return hand_out_span(home, span, size, alignment);
+        } catch (const std::bad_alloc&) {
+            return error{status_code::out_of_memory, {}};
+        }
+    }
+
+    // Over a virtual backing, an upstream allocation is reserved only: the pool commits it whole.
+    result<void> commit_span(const allocation<device_type>& memory) {
+        if constexpr (backing_type::possible) {
+            if (reservation_.has_value()) {
+                auto committed = backing_.view->commit(memory, byte_range{0, memory.size});
+                if (!committed.has_value()) {
+                    return upstream_refused("a commit of " + std::to_string(memory.size) + " bytes",
+                                            committed.error());
+                }
+                upstream_commits_.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+        (void)memory;
+        return boost::outcome_v2::success();
+    }
+
+    result<release_report> release_span(const allocation<device_type>& live) {
+        span_type* span = spans_.find(pool_detail::span_of(live.allocation_id));
+        if (span == nullptr) [[unlikely]] {
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        pool_detail::shard* owner = lock_owner(*span);
+        if (owner == nullptr) [[unlikely]] {
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        if (span->state != pool_detail::span_state::live ||
+            span->generation != pool_detail::generation_of(live.allocation_id)) {
+            owner->lock.unlock();
+            return refused_release(status_code::unknown_allocation, live);
+        }
+        if (live.address != span->upstream.address || live.size != span->requested_bytes ||
+            live.alignment != span->alignment) {
+            owner->lock.unlock();
+            return refused_release(status_code::invalid_argument, live);
+        }
+        owner->live_allocations -= 1;
+        owner->in_use_bytes -= live.size;
+        owner->handed_out_bytes -= span->upstream.size;
+        if (!span->pass_through && span->generation < pool_detail::generation_limit) {
+            span->state = pool_detail::span_state::cached;
+            const std::uint32_t bin = pool_classes::bin_of(span->upstream.size);
+            span->next = owner->cached[bin];
+            owner->cached[bin] = span->index;
+            owner->cached_bytes.fetch_add(span->upstream.size, std::memory_order_relaxed);
+            owner->lock.unlock();
+            enforce_retention();
+            return release_report{release_state::complete, 0, 0};
+        }
+        span->state = pool_detail::span_state::leaving;
+        span->owner.store(pool_detail::none, std::memory_order_relaxed);
+        owner->lock.unlock();
+        const allocation<device_type> memory = span->upstream;
+        map_erase(device_type::to_wire(memory.address));
+        auto report = upstream_.release(memory);
+        upstream_releases_.fetch_add(1, std::memory_order_relaxed);
+        held_bytes_.fetch_sub(memory.size, std::memory_order_relaxed);
+        free_span_index(span->index);
+        if (!report.has_value()) {
+            // The upstream kept it; to the engine the allocation is gone all the same.
+            return release_report{release_state::quarantined, 0, memory.size};
+        }
+        return report;
+    }
+
+    std::uint64_t give_back_cached_spans(std::uint64_t wanted) {
+        std::uint64_t given = 0;
+        std::uint32_t leaving = pool_detail::none;
+        for (pool_detail::shard& shard : shards_) {
+            if (given >= wanted) {
+                break;
+            }
+            std::lock_guard lock(shard.lock);
+            for (std::uint32_t bin = pool_classes::bin_count; bin-- > 0 && given < wanted;) {
+                while (shard.cached[bin] != pool_detail::none && given < wanted) {
+                    span_type& span = spans_[shard.cached[bin]];
+                    shard.cached[bin] = span.next;
+                    shard.cached_bytes.fetch_sub(span.upstream.size, std::memory_order_relaxed);
+                    span.state = pool_detail::span_state::leaving;
+                    span.owner.store(pool_detail::none, std::memory_order_relaxed);
+                    span.next = leaving;
+                    leaving = span.index;
+                    given += span.upstream.size;
+                }
+            }
+        }
+        while (leaving != pool_detail::none) {
+            span_type& span = spans_[leaving];
+            leaving = span.next;
+            map_erase(device_type::to_wire(span.upstream.address));
+            give_back_upstream(span.upstream);
+            free_span_index(span.index);
+        }
+        return given;
+    }
+
+    std::optional<std::uint32_t> take_span_index() noexcept {
+        std::lock_guard lock(pool_mutex_);
+        if (free_spans_ != pool_detail::none) {
+            const std::uint32_t index = free_spans_;
+            free_spans_ = spans_[index].next;
+            return index;
+        }
+        if (next_span_ >= span_directory::capacity) {
+            return std::nullopt;
+        }
+        try {
+            spans_.make_leaf_for(next_span_);
+        } catch (const std::bad_alloc&) {
+            return std::nullopt;
+        }
+        spans_[next_span_].index = static_cast<std::uint32_t>(next_span_);
+        return static_cast<std::uint32_t>(next_span_++);
+    }
+    // A span whose ids are spent keeps its index for good.
+    void free_span_index(std::uint32_t index) noexcept {
+        std::lock_guard lock(pool_mutex_);
+        span_type& span = spans_[index];
+        span.state = pool_detail::span_state::unused;
+        if (span.generation >= pool_detail::generation_limit) {
+            return;
+        }
+        span.next = free_spans_;
+        free_spans_ = index;
+    }
+
+    // ---- retention ----
+
+    void enforce_retention() {
+        if (options_.retain_limit_bytes == std::numeric_limits<std::uint64_t>::max()) [[likely]] {
+            return;
+        }
+        std::uint64_t reclaimable = free_slab_bytes_.load(std::memory_order_relaxed);
+        for (const pool_detail::shard& shard : shards_) {
+            reclaimable += shard.cached_bytes.load(std::memory_order_relaxed);
+        }
+        if (reclaimable > options_.retain_limit_bytes) {
+            trim(options_.retain_limit_bytes);
+        }
+    }
+
+    // ---- the address map ----
+
+    // Inserts or erases with every reader lock held; readers take the one of their shard.
+    bool map_insert(std::uint64_t begin, std::uint64_t end, bool span, std::uint32_t index) noexcept {
+        lock_all_readers();
+        bool inserted = true;
+        try {
+            ranges_.insert_or_assign(begin, mapped_range{end, span, index});
+        } catch (...) {
+            inserted = false;
+        }
+        unlock_all_readers();
+        return inserted;
+    }
+    void map_erase(std::uint64_t begin) noexcept {
+        lock_all_readers();
+        ranges_.erase(begin);
+        unlock_all_readers();
+    }
+    void lock_all_readers() noexcept {
+        for (padded_lock& reader : readers_) {
+            reader.lock.lock();
+        }
+    }
+    void unlock_all_readers() noexcept {
+        for (padded_lock& reader : readers_) {
+            reader.lock.unlock();
+        }
+    }
+
+    // The live allocation that starts at `wire`, described from the pool's records.
+    std::optional<allocation<device_type>> find_live(std::uint64_t wire) {
+        std::lock_guard reader(readers_[pool_detail::this_thread_shard()].lock);
+        auto after = ranges_.upper_bound(wire);
+        if (after == ranges_.begin()) {
+            return std::nullopt;
+        }
+        const auto& [begin, range] = *std::prev(after);
+        if (wire >= range.end) {
+            return std::nullopt;
+        }
+        if (range.span) {
+            span_type& span = spans_[range.index];
+            pool_detail::shard* owner = lock_owner(span);
+            if (owner == nullptr) {
+                return std::nullopt;
+            }
+            std::optional<allocation<device_type>> found;
+            if (span.state == pool_detail::span_state::live && device_type::to_wire(span.upstream.address) == wire) {
+                found = allocation<device_type>{span.upstream.address, span.requested_bytes, span.alignment,
+                                                pool_detail::span_id(span.generation, span.index),
+                                                span.upstream.mechanism_id, device_};
+            }
+            owner->lock.unlock();
+            return found;
+        }
+        const std::uint64_t chunk_index = reservation_.has_value() ? (wire - begin) / chunk_bytes_ : range.index;
+        const std::uint64_t chunk_base = reservation_.has_value() ? begin + chunk_index * chunk_bytes_ : begin;
+        const std::uint64_t slab_index = chunk_index * slabs_per_chunk_ + (wire - chunk_base) / pool_classes::slab_bytes;
+        pool_detail::slab* slab = slabs_.find(slab_index);
+        if (slab == nullptr) {
+            return std::nullopt;
+        }
+        pool_detail::shard* owner = lock_owner(*slab);
+        if (owner == nullptr) {
+            return std::nullopt;
+        }
+        std::optional<allocation<device_type>> found;
+        const std::uint64_t offset = wire - slab->base;
+        if (slab->block_bytes != 0 && offset % slab->block_bytes == 0 && offset / slab->block_bytes < slab->block_count) {
+            const auto block = static_cast<std::uint32_t>(offset / slab->block_bytes);
+            const pool_detail::block_record& record = slab->records[block];
+            if (record.live) {
+                found = allocation<device_type>{device_type::from_wire(wire), record.size_or_next,
+                                                std::uint64_t{1} << record.alignment_log2,
+                                                pool_detail::block_id(record.generation, slab->index, block),
+                                                mechanism_id_.load(std::memory_order_relaxed), device_};
+            }
+        }
+        owner->lock.unlock();
+        return found;
+    }
+
+    // ---- upstream calls and failures ----
+
+    void count_upstream_allocation(const allocation<device_type>& memory) noexcept {
+        upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
+        held_bytes_.fetch_add(memory.size, std::memory_order_relaxed);
+        mechanism_id_.store(memory.mechanism_id, std::memory_order_relaxed);
+        mechanism_known_.store(true, std::memory_order_relaxed);
+    }
+    void give_back_upstream(const allocation<device_type>& memory) noexcept {
+        try {
+            (void)upstream_.release(memory);
+        } catch (...) {
+        }
+        upstream_releases_.fetch_add(1, std::memory_order_relaxed);
+        held_bytes_.fetch_sub(memory.size, std::memory_order_relaxed);
+    }
+
+    status_code identity_fault(const allocation<device_type>& live) const noexcept {
+        if (mechanism_known_.load(std::memory_order_relaxed) &&
+            live.mechanism_id != mechanism_id_.load(std::memory_order_relaxed)) [[unlikely]] {
+            return status_code::wrong_mechanism;
+        }
+        if (live.device != device_) [[unlikely]] {
+            return status_code::wrong_device;
+        }
+        if (live.size == 0 || live.alignment == 0 || (live.alignment & (live.alignment - 1)) != 0) [[unlikely]] {
+            return status_code::invalid_argument;
+        }
+        return status_code::ok;
+    }
+
+    [[gnu::cold, gnu::noinline]] static error refused_request(std::uint64_t size, std::uint64_t alignment) noexcept {
+        try {
+            return {status_code::invalid_argument,
+                    "size must be non-zero and alignment a power of two (size " + std::to_string(size) +
+                        ", alignment " + std::to_string(alignment) + ")"};
+        } catch (...) {
+            return {status_code::invalid_argument, {}};
+        }
+    }
+    [[gnu::cold, gnu::noinline]] static error refused_release(status_code code,
+                                                              const allocation<device_type>& live) noexcept {
+        try {
+            std::string why;
+            switch (code) {
+            case status_code::wrong_mechanism: why = "it belongs to another mechanism"; break;
+            case status_code::wrong_device: why = "it belongs to another device"; break;
+            case status_code::unknown_allocation: why = "it is not live in this pool"; break;
+            default: why = "it misdescribes the allocation (address, size, alignment or id)"; break;
+            }
+            return {code, "pool: release of allocation " + std::to_string(live.allocation_id) + " at 0x" +
+                              to_hex(device_type::to_wire(live.address)) + " refused: " + why};
+        } catch (...) {
+            return {code, {}};
+        }
+    }
+    [[gnu::cold, gnu::noinline]] static error out_of_memory(const std::string& why) noexcept {
+        try {
+            return {status_code::out_of_memory, std::string("pool: ") + why};
+        } catch (...) {
+            return {status_code::out_of_memory, {}};
+        }
+    }
+    [[gnu::cold, gnu::noinline]] static error upstream_refused(const std::string& what, const error& failure) noexcept {
+        try {
+            return {status_code::out_of_memory, "pool: the upstream refused " + what + ": " + failure.describe()};
+        } catch (...) {
+            return {status_code::out_of_memory, {}};
+        }
+    }
+    static std::string to_hex(std::uint64_t value) {
+        static constexpr char digits[] = "0123456789abcdef";
+        std::string text;
+        do {
+            text.insert(text.begin(), digits[value & 15]);
+            value >>= 4;
+        } while (value != 0);
+        return text;
+    }
+
+    using slab_directory = pool_detail::stable_directory<pool_detail::slab, directory_leaves>;
+    using span_directory = pool_detail::stable_directory<span_type, directory_leaves>;
+    using chunk_directory = pool_detail::stable_directory<chunk_type, directory_leaves>;
+
+    // Declared first, destroyed last: the records below describe its memory.
+    Upstream upstream_;
+    pool_options options_;
+    device_id device_;
+    backing_type backing_;
+    std::optional<allocation<device_type>> reservation_;
+    std::uint64_t granule_ = 0;
+    std::uint64_t chunk_bytes_ = 0;
+    std::uint32_t slabs_per_chunk_ = 0;
+    std::uint64_t pass_through_bytes_ = 0;
+    std::uint64_t chunk_limit_ = std::numeric_limits<std::uint64_t>::max();
+
+    mutable std::array<pool_detail::shard, pool_detail::shard_count> shards_;
+
+    // The pool's own lists, behind pool_mutex_ (never held across an upstream call; taken after
+    // a shard lock, never before one).
+    std::mutex pool_mutex_;
+    slab_directory slabs_;
+    span_directory spans_;
+    chunk_directory chunks_;
+    std::uint32_t free_slabs_ = pool_detail::none;
+    std::uint32_t free_chunks_ = pool_detail::none;
+    std::uint32_t free_spans_ = pool_detail::none;
+    std::uint64_t next_chunk_ = 0;
+    std::uint64_t next_span_ = 0;
+
+    std::map<std::uint64_t, mapped_range> ranges_;
+    mutable std::array<padded_lock, pool_detail::shard_count> readers_;
+
+    std::atomic<std::uint64_t> mechanism_id_{0};
+    std::atomic<bool> mechanism_known_{false};
+    std::atomic<std::uint64_t> held_bytes_{0};
+    std::atomic<std::uint64_t> free_slab_bytes_{0};
+    std::atomic<std::uint64_t> upstream_allocations_{0};
+    std::atomic<std::uint64_t> upstream_releases_{0};
+    std::atomic<std::uint64_t> upstream_commits_{0};
+    std::atomic<std::uint64_t> upstream_decommits_{0};
+};
+
+namespace pool_detail {
+// Stand-ins for any upstream of a device type, to assert that a pool over one is itself a
+// DeviceAllocator (declared only: never called).
+template <Device D> struct upstream_archetype {
+    using device_type = D;
+    device_id device() const noexcept;
+    result<allocation<D>> allocate(std::uint64_t size, std::uint64_t alignment);
+    result<release_report> release(const allocation<D>& live);
+};
+} // namespace pool_detail
+
+static_assert(assert_device_allocator<pool_allocator<pool_detail::upstream_archetype<cpu_device>>>());
+static_assert(assert_device_allocator<pool_allocator<pool_detail::upstream_archetype<cuda_device>>>());
+static_assert(assert_device_allocator<pool_allocator<pool_allocator<pool_detail::upstream_archetype<cuda_device>>>>(),
+              "pools compose");
+
+} // namespace nxmem

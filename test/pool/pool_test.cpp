@@ -1,0 +1,414 @@
+// pool_allocator over native upstreams: size classes, the checks on release, release by
+// address, trim, retention, usage, out of memory, growth by commit, and a pool that never
+// touches the memory it hands out.
+#include "test_upstreams.hpp"
+
+#include <nxmem/heap_allocator.hpp>
+#include <nxmem/pool.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+using namespace nxmem;
+using test::fake_device_upstream;
+using test::heap_upstream;
+using test::inaccessible_upstream;
+
+namespace {
+constexpr std::uint64_t kib = 1024;
+constexpr std::uint64_t mib = 1024 * kib;
+
+template <class T> T value_or_fail(result<T> made) {
+    if (!made.has_value()) {
+        FAIL(made.error().describe());
+    }
+    return std::move(made).value();
+}
+} // namespace
+
+
+TEST_CASE("a pool is a DeviceAllocator for cpu and cuda upstreams, and pools compose", "[pool]") {
+    STATIC_REQUIRE(DeviceAllocator<pool_allocator<heap_upstream>>);
+    STATIC_REQUIRE(DeviceAllocator<pool_allocator<fake_device_upstream>>);
+    STATIC_REQUIRE(DeviceAllocator<pool_allocator<pool_allocator<fake_device_upstream>>>);
+    STATIC_REQUIRE(std::is_same_v<pool_allocator<fake_device_upstream>::device_type, cuda_device>);
+    STATIC_REQUIRE(!std::is_copy_constructible_v<pool_allocator<heap_upstream>>);
+    STATIC_REQUIRE(!std::is_move_constructible_v<pool_allocator<heap_upstream>>);
+}
+
+TEST_CASE("size classes: every request fits its class, aligned, wasting at most a fifth", "[pool]") {
+    for (std::uint64_t size = 1; size <= pool_classes::small_limit_bytes; ++size) {
+        for (std::uint64_t alignment = 1; alignment <= 8 * kib; alignment *= 2) {
+            const std::uint32_t size_class = pool_classes::class_of(size, alignment);
+            const std::uint64_t rounded = pool_classes::round_up(size, alignment);
+            if (rounded > pool_classes::small_limit_bytes) {
+                REQUIRE(size_class == pool_classes::not_small);
+                continue;
+            }
+            REQUIRE(size_class < pool_classes::small_class_count);
+            const std::uint64_t block = pool_classes::class_bytes(size_class);
+            REQUIRE(block >= size);
+            REQUIRE(block % alignment == 0); // blocks of the class start at multiples of it
+            if (alignment <= 16 && size > 128) {
+                REQUIRE(block * 4 <= size * 5);
+            }
+        }
+    }
+    STATIC_REQUIRE(pool_classes::class_bytes(pool_classes::small_class_count - 1) ==
+                   pool_classes::small_limit_bytes);
+    STATIC_REQUIRE(pool_classes::class_of(64, 8) == 3);
+    STATIC_REQUIRE(pool_classes::class_of(20 * kib, 8) == pool_classes::not_small);
+    STATIC_REQUIRE(pool_classes::class_of(64, 128 * kib) == pool_classes::not_small);
+    for (std::uint64_t bytes = 16 * kib + 1; bytes < 64 * mib; bytes = bytes * 9 / 8 + 1) {
+        const std::uint64_t binned = pool_classes::bin_bytes(bytes, 4096);
+        REQUIRE(binned >= bytes);
+        REQUIRE(binned % 4096 == 0);
+        REQUIRE(binned * 4 <= bytes * 5 + 4 * 4096);
+        REQUIRE(pool_classes::bin_of(binned) < pool_classes::bin_count);
+        REQUIRE(pool_classes::bin_of(binned) == pool_classes::bin_of(pool_classes::bin_bytes(binned, 4096)));
+    }
+}
+
+TEST_CASE("small allocations come from one chunk: one upstream call for many", "[pool]") {
+    heap_upstream upstream;
+    auto ledger = upstream.ledger();
+    pool_allocator pool(upstream);
+    std::vector<allocation<cpu_device>> live;
+    for (int i = 0; i < 1000; ++i) {
+        live.push_back(value_or_fail(pool.allocate(64, 16)));
+    }
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.usage().upstream_allocations == 1);
+    CHECK(pool.usage().held_bytes == pool.chunk_bytes());
+    CHECK(pool.usage().in_use_bytes == 64000);
+    CHECK(pool.usage().live_allocations == 1000);
+    for (const auto& one : live) {
+        REQUIRE(value_or_fail(pool.release(one)).state == release_state::complete);
+    }
+    CHECK(pool.usage().live_allocations == 0);
+    CHECK(pool.usage().idle_bytes == pool.chunk_bytes());
+    CHECK(pool.trim(0) == pool.chunk_bytes());
+    CHECK(ledger->live_count() == 0);
+    CHECK(pool.usage().held_bytes == 0);
+    CHECK(ledger->bad_releases == 0);
+}
+
+TEST_CASE("ids are unique and never reused, even when the same block is handed out again", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    std::vector<std::uint64_t> ids;
+    for (int i = 0; i < 100; ++i) {
+        auto one = value_or_fail(pool.allocate(64, 8));
+        ids.push_back(one.allocation_id);
+        auto large = value_or_fail(pool.allocate(100 * kib, 8));
+        ids.push_back(large.allocation_id);
+        REQUIRE(pool.release(one));
+        REQUIRE(pool.release(large));
+    }
+    std::sort(ids.begin(), ids.end());
+    CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end());
+    CHECK(std::find(ids.begin(), ids.end(), 0u) == ids.end());
+}
+
+TEMPLATE_TEST_CASE("releases are checked as the host adapter checks them, and a refusal changes nothing",
+                   "[pool]", heap_upstream, fake_device_upstream) {
+    using D = typename TestType::device_type;
+    pool_allocator<TestType> pool{TestType{}};
+    const std::uint64_t size = GENERATE(64, 4096, 100 * 1024, 400 * 1024 * 1024ULL);
+    auto live = value_or_fail(pool.allocate(size, 64));
+    const pool_usage before = pool.usage();
+    auto refused_with = [&](allocation<D> changed, status_code code) {
+        auto released = pool.release(changed);
+        REQUIRE_FALSE(released.has_value());
+        CHECK(released.error().code == code);
+        CHECK(pool.usage() == before);
+    };
+    SECTION("another mechanism") {
+        auto other = live;
+        other.mechanism_id += 1;
+        refused_with(other, status_code::wrong_mechanism);
+    }
+    SECTION("another device") {
+        auto other = live;
+        other.device.index = 3;
+        refused_with(other, status_code::wrong_device);
+    }
+    SECTION("a size or alignment no allocation has") {
+        auto other = live;
+        other.alignment = 3;
+        refused_with(other, status_code::invalid_argument);
+    }
+    SECTION("an id never handed out") {
+        auto other = live;
+        other.allocation_id ^= std::uint64_t{1} << 40; // another generation
+        refused_with(other, status_code::unknown_allocation);
+        other.allocation_id = (std::uint64_t{1} << 33) | 0xfffff000ULL; // a slab never made
+        refused_with(other, status_code::unknown_allocation);
+    }
+    SECTION("misdescribed: size, alignment or address") {
+        auto other = live;
+        other.size += 1;
+        refused_with(other, status_code::invalid_argument);
+        other = live;
+        other.alignment = 128;
+        refused_with(other, status_code::invalid_argument);
+        other = live;
+        other.address = D::from_wire(D::to_wire(live.address) + 64);
+        refused_with(other, status_code::invalid_argument);
+    }
+    SECTION("twice") {
+        REQUIRE(pool.release(live));
+        const pool_usage after = pool.usage();
+        auto again = pool.release(live);
+        REQUIRE_FALSE(again.has_value());
+        CHECK(again.error().code == status_code::unknown_allocation);
+        CHECK(pool.usage() == after);
+        auto by_address = pool.release_by_address(live.address);
+        REQUIRE_FALSE(by_address.has_value());
+        CHECK(by_address.error().code == status_code::unknown_allocation);
+        return;
+    }
+    REQUIRE(pool.release(live));
+    CHECK(pool.usage().live_allocations == 0);
+}
+
+TEST_CASE("a stale handle to a block handed out again is refused and does not release the new one", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    auto first = value_or_fail(pool.allocate(64, 8));
+    REQUIRE(pool.release(first));
+    auto second = value_or_fail(pool.allocate(64, 8));
+    REQUIRE(second.address == first.address); // the same block, again
+    REQUIRE(second.allocation_id != first.allocation_id);
+    auto stale = pool.release(first);
+    REQUIRE_FALSE(stale.has_value());
+    CHECK(stale.error().code == status_code::unknown_allocation);
+    CHECK(pool.usage().live_allocations == 1);
+    REQUIRE(pool.release(second));
+}
+
+TEST_CASE("release by address finds small, large and pass-through allocations; interior addresses are refused", "[pool]") {
+    pool_options options;
+    options.pass_through_bytes = 1 * mib;
+    pool_allocator pool(fake_device_upstream{}, options);
+    auto small = value_or_fail(pool.allocate(48, 16));
+    auto large = value_or_fail(pool.allocate(200 * kib, 4096));
+    auto direct = value_or_fail(pool.allocate(3 * mib, 64));
+    for (const auto& live : {small, large, direct}) {
+        auto inside = pool.release_by_address(cuda_device::from_wire(cuda_device::to_wire(live.address) + 16));
+        REQUIRE_FALSE(inside.has_value());
+        CHECK(inside.error().code == status_code::unknown_allocation);
+    }
+    auto nowhere = pool.release_by_address(cuda_device::from_wire(16));
+    REQUIRE_FALSE(nowhere.has_value());
+    CHECK(nowhere.error().code == status_code::unknown_allocation);
+    CHECK(pool.usage().live_allocations == 3);
+    REQUIRE(pool.release_by_address(small.address));
+    REQUIRE(pool.release_by_address(large.address));
+    auto direct_report = value_or_fail(pool.release_by_address(direct.address));
+    CHECK(direct_report.unmapped_bytes == 3 * mib); // the upstream's own report
+    CHECK(pool.usage().live_allocations == 0);
+    pool.trim(0);
+    CHECK(pool.upstream().ledger()->live_count() == 0);
+    CHECK(pool.upstream().ledger()->bad_releases == 0);
+}
+
+TEST_CASE("large spans are cached by size bin and reused without calling the upstream", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    auto ledger = pool.upstream().ledger();
+    for (int cycle = 0; cycle < 50; ++cycle) {
+        auto span = value_or_fail(pool.allocate(2 * mib, 64));
+        std::memset(span.address, cycle, span.size);
+        REQUIRE(pool.release(span));
+    }
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.usage().upstream_allocations == 1);
+    CHECK(pool.usage().idle_bytes == 2 * mib);
+    CHECK(pool.trim(0) == 2 * mib);
+    CHECK(ledger->live_count() == 0);
+}
+
+TEST_CASE("requests above pass_through_bytes go straight to the upstream and back", "[pool]") {
+    pool_options options;
+    options.pass_through_bytes = 1 * mib;
+    pool_allocator pool(heap_upstream{}, options);
+    auto ledger = pool.upstream().ledger();
+    auto direct = value_or_fail(pool.allocate(1 * mib + 1, 8));
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.usage().held_bytes == 1 * mib + 1);
+    REQUIRE(pool.release(direct));
+    CHECK(ledger->live_count() == 0);
+    CHECK(pool.usage().held_bytes == 0);
+    CHECK(pool.usage().upstream_releases == 1);
+}
+
+TEST_CASE("trim keeps at most keep_bytes idle; the retention limit gives back the excess at release", "[pool]") {
+    SECTION("trim") {
+        pool_allocator pool(heap_upstream{});
+        std::vector<allocation<cpu_device>> spans;
+        for (int i = 0; i < 4; ++i) {
+            spans.push_back(value_or_fail(pool.allocate(1 * mib, 8)));
+        }
+        for (const auto& span : spans) {
+            REQUIRE(pool.release(span));
+        }
+        CHECK(pool.usage().idle_bytes == 4 * mib);
+        CHECK(pool.trim(2 * mib) == 2 * mib);
+        CHECK(pool.usage().idle_bytes == 2 * mib);
+        CHECK(pool.trim(2 * mib) == 0);
+        CHECK(pool.trim() == 2 * mib);
+        CHECK(pool.upstream().ledger()->live_count() == 0);
+    }
+    SECTION("retention limit") {
+        pool_options options;
+        options.retain_limit_bytes = 2 * mib;
+        pool_allocator pool(heap_upstream{}, options);
+        std::vector<allocation<cpu_device>> spans;
+        for (int i = 0; i < 4; ++i) {
+            spans.push_back(value_or_fail(pool.allocate(1 * mib, 8)));
+        }
+        for (const auto& span : spans) {
+            REQUIRE(pool.release(span));
+            CHECK(pool.usage().idle_bytes <= 2 * mib);
+        }
+        CHECK(pool.upstream().ledger()->live_count() == 2);
+    }
+}
+
+TEST_CASE("upstream refusals end as OUT_OF_MEMORY with nothing changed or leaked", "[pool]") {
+    pool_options options;
+    options.pass_through_bytes = 1 * mib;
+    pool_allocator pool(heap_upstream{}, options);
+    auto ledger = pool.upstream().ledger();
+    ledger->refuse_from = 1;
+    for (std::uint64_t size : {std::uint64_t{64}, 100 * kib, 2 * mib}) {
+        auto refused = pool.allocate(size, 8);
+        REQUIRE_FALSE(refused.has_value());
+        CHECK(refused.error().code == status_code::out_of_memory);
+        CHECK_THAT(refused.error().message, Catch::Contains("test upstream refuses"));
+        CHECK(pool.usage() == pool_usage{});
+    }
+    ledger->refuse_from = UINT64_MAX;
+    auto fine = value_or_fail(pool.allocate(64, 8));
+    REQUIRE(pool.release(fine));
+    pool.trim(0);
+    CHECK(ledger->live_count() == 0);
+}
+
+TEST_CASE("invalid requests are refused: size 0, alignment not a power of two", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    CHECK(pool.allocate(0, 8).error().code == status_code::invalid_argument);
+    CHECK(pool.allocate(8, 0).error().code == status_code::invalid_argument);
+    CHECK(pool.allocate(8, 24).error().code == status_code::invalid_argument);
+    CHECK(pool.usage() == pool_usage{});
+}
+
+TEST_CASE("the pool never reads or writes the memory it hands out (PROT_NONE upstream)", "[pool]") {
+    // Any access by the pool to its memory faults and kills the test.
+    pool_options options;
+    options.pass_through_bytes = 4 * mib;
+    options.retain_limit_bytes = 8 * mib;
+    pool_allocator pool(inaccessible_upstream{}, options);
+    std::vector<allocation<cpu_device>> live;
+    for (int round = 0; round < 3; ++round) {
+        for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{64}, 4 * kib, 16 * kib, 64 * kib, 2 * mib, 5 * mib}) {
+            live.push_back(value_or_fail(pool.allocate(size, 16)));
+        }
+        for (std::size_t i = 0; i < live.size(); i += 2) {
+            REQUIRE(pool.release(live[i]));
+        }
+        for (std::size_t i = 1; i < live.size(); i += 2) {
+            REQUIRE(pool.release_by_address(live[i].address));
+        }
+        live.clear();
+        pool.trim(round == 1 ? 0 : 1 * mib);
+    }
+    pool.trim(0);
+    CHECK(pool.upstream().ledger()->live_count() == 0);
+}
+
+TEST_CASE("destroying a pool gives everything back, live allocations included", "[pool]") {
+    heap_upstream upstream;
+    auto ledger = upstream.ledger();
+    {
+        pool_options options;
+        options.pass_through_bytes = 1 * mib;
+        pool_allocator pool(upstream, options);
+        (void)value_or_fail(pool.allocate(64, 8));
+        (void)value_or_fail(pool.allocate(64 * kib, 8));
+        (void)value_or_fail(pool.allocate(2 * mib, 8));
+        auto cached = value_or_fail(pool.allocate(128 * kib, 8));
+        REQUIRE(pool.release(cached));
+        CHECK(ledger->live_count() == 4);
+    }
+    CHECK(ledger->live_count() == 0);
+    CHECK(ledger->bad_releases == 0);
+}
+
+TEST_CASE("an upstream that cannot be moved is pooled in place, or shared through shared_upstream", "[pool]") {
+    STATIC_REQUIRE(!std::is_move_constructible_v<heap_allocator>);
+    pool_allocator<heap_allocator> in_place(std::in_place, pool_options{});
+    auto one = value_or_fail(in_place.allocate(64, 8));
+    REQUIRE(in_place.release(one));
+
+    auto engine_heap = std::make_shared<heap_allocator>();
+    pool_allocator shared{shared_upstream<heap_allocator>(engine_heap)};
+    auto two = value_or_fail(shared.allocate(64, 8));
+    REQUIRE(shared.release(two));
+    CHECK(&shared.upstream().get() == engine_heap.get());
+}
+
+TEST_CASE("growth by commit: a native upstream offering virtual backing is reserved once and committed chunk by chunk", "[pool]") {
+    test::committing_upstream upstream;
+    auto commits = upstream.commits;
+    auto ledger = upstream.ledger();
+    pool_options options;
+    options.reserve_bytes = 64 * mib;
+    options.chunk_bytes = 1 * mib;
+    pool_allocator pool(upstream, options);
+    REQUIRE(pool.grows_by_commit());
+    CHECK(ledger->allocations == 1); // the reservation
+    std::vector<allocation<cpu_device>> live;
+    for (int i = 0; i < 64; ++i) { // 64 x 16 KiB = 1 MiB: one chunk
+        live.push_back(value_or_fail(pool.allocate(16 * kib, 16)));
+        std::memset(live.back().address, 0x5a, live.back().size); // committed: writable
+    }
+    live.push_back(value_or_fail(pool.allocate(16 * kib, 16))); // the second chunk
+    std::memset(live.back().address, 0x5a, live.back().size);
+    CHECK(ledger->allocations == 1);
+    CHECK(commits->commits == 2);
+    CHECK(commits->committed_bytes == 2 * mib);
+    CHECK(pool.usage().upstream_commits == 2);
+    CHECK(pool.usage().held_bytes == 2 * mib);
+    for (const auto& one : live) {
+        REQUIRE(pool.release(one));
+    }
+    CHECK(pool.trim(0) == 2 * mib);
+    CHECK(commits->committed_bytes == 0);
+    CHECK(pool.usage().upstream_decommits == 2);
+    CHECK(pool.usage().held_bytes == 0);
+    // Growing again commits again, into the same reservation.
+    auto again = value_or_fail(pool.allocate(64, 8));
+    std::memset(again.address, 1, 64);
+    CHECK(commits->commits == 3);
+    CHECK(ledger->allocations == 1);
+    REQUIRE(pool.release(again));
+
+    SECTION("a refused commit is OUT_OF_MEMORY and changes nothing") {
+        pool.trim(0);
+        commits->refuse_commits_from = commits->commits + 1;
+        const pool_usage before = pool.usage();
+        auto refused = pool.allocate(64, 8);
+        REQUIRE_FALSE(refused.has_value());
+        CHECK(refused.error().code == status_code::out_of_memory);
+        CHECK(pool.usage() == before);
+    }
+}
+
+TEST_CASE("growth by allocation when asked, even over an upstream offering virtual backing", "[pool]") {
+    pool_options options;
+    options.growth = pool_growth::by_allocation;
+    test::committing_upstream upstream;
+    pool_allocator pool(upstream, options);
+    CHECK_FALSE(pool.grows_by_commit());
+}
