@@ -5,13 +5,8 @@
 
 #include <nxmem/committing_allocator.hpp>
 #include <nxmem/host.hpp>
-#if __has_include(<nxmem/pool.hpp>)
 #include <nxmem/host/pooled_allocator.hpp>
 #include <nxmem/pool.hpp>
-#define NXMEM_TORCH_HAS_POOL 1
-#else
-#define NXMEM_TORCH_HAS_POOL 0
-#endif
 #include <nxmem/torch/cpu_allocator.hpp>
 
 #include <c10/core/CPUAllocator.h>
@@ -65,7 +60,6 @@ public:
     usage_figures usage() const override {
         usage_figures figures = plugin_usage(plugin_);
         figures.emplace_back("pooled", is_pool ? 1 : 0);
-#if NXMEM_TORCH_HAS_POOL
         if constexpr (is_pool) {
             const pool_usage pooled = adapter_.upstream().usage();
             figures.emplace_back("pool_live_allocations", pooled.live_allocations);
@@ -73,7 +67,6 @@ public:
             figures.emplace_back("pool_held_bytes", pooled.held_bytes);
             figures.emplace_back("pool_idle_bytes", pooled.idle_bytes);
         }
-#endif
         figures.emplace_back("failed_releases", adapter_.failed_releases());
         return figures;
     }
@@ -184,7 +177,6 @@ private:
 
     using plugin_type = host::plugin_allocator<cpu_device>;
 
-#if NXMEM_TORCH_HAS_POOL
     static installed_allocator* open_pooled(const std::shared_ptr<host::plugin_module>& module,
                                             const std::string& mechanism, const std::string& options) {
         auto pool = host::open_pooled_allocator<cpu_device>(module, mechanism, 0, options);
@@ -194,12 +186,6 @@ private:
         plugin_type& plugin = pool.value()->upstream();
         return new detail::installed<pool_allocator<plugin_type>>(std::move(pool).value(), plugin);
     }
-#else
-    static installed_allocator* open_pooled(const std::shared_ptr<host::plugin_module>&,
-                                            const std::string&, const std::string&) {
-        TORCH_CHECK(false, "nxmem: this build has no pool");
-    }
-#endif
 
     static installed_allocator* open_direct(const std::shared_ptr<host::plugin_module>& module,
                                             const std::string& mechanism, const std::string& options) {

@@ -64,11 +64,6 @@ TEST_CASE("the model gives the same bits through nxmem as through PyTorch's allo
 
     for (const char* mechanism : {"posix-eager", "posix-lazy"}) {
         for (bool pooled : {false, true}) {
-#if !NXMEM_TORCH_HAS_POOL
-            if (pooled) {
-                continue;
-            }
-#endif
             DYNAMIC_SECTION(mechanism << (pooled ? " pooled" : " direct")) {
                 installed_allocator& installed =
                     installation::install(posix_plugin(), mechanism, "", pooled);
@@ -149,7 +144,6 @@ TEST_CASE("size 0 allocates nothing and its DataPtr is deleted safely", "[torch]
     CHECK(adapter.raw_deleter() == nullptr);
 }
 
-#if NXMEM_TORCH_HAS_POOL
 TEST_CASE("over a pool the context is the data pointer and c10's raw interface works", "[torch]") {
     auto module = host::plugin_module::load(posix_plugin()).value();
     auto pool = host::open_pooled_allocator<cpu_device>(module, "posix-eager").value();
@@ -166,10 +160,9 @@ TEST_CASE("over a pool the context is the data pointer and c10's raw interface w
     CHECK(empty.get() == nullptr);
     CHECK(pool->usage().live_allocations == 0);
 }
-#endif
 
 TEST_CASE("threads allocate and free tensors through one adapter at once", "[torch]") {
-    installed_allocator& installed = installation::install(posix_plugin(), "posix-eager", "", NXMEM_TORCH_HAS_POOL);
+    installed_allocator& installed = installation::install(posix_plugin(), "posix-eager", "", true);
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {
         threads.emplace_back([t] {
@@ -207,7 +200,7 @@ namespace {
 at::Tensor lives_until_exit;
 }
 TEST_CASE("a tensor alive at exit is released during static destruction", "[torch][exit]") {
-    installation::install(posix_plugin(), "posix-lazy", "", NXMEM_TORCH_HAS_POOL);
+    installation::install(posix_plugin(), "posix-lazy", "", true);
     lives_until_exit = torch::full({1 << 20}, 1.0f);
     installation::uninstall();
     CHECK(lives_until_exit.sum().item<float>() == static_cast<float>(1 << 20));
