@@ -17,6 +17,7 @@ except ImportError as missing:  # the skip says why; meson counts it as skipped,
     sys.exit(77)
 
 MODULE, PLUGIN = sys.argv[1], sys.argv[2]
+SITECUSTOMIZE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "engines", "torch", "python")
 MODE = sys.argv[3] if len(sys.argv) > 3 else "main"
 torch.set_num_threads(1)
 failures = []
@@ -119,6 +120,12 @@ def main():
     child = subprocess.run([sys.executable, __file__, MODULE, PLUGIN, "environment"], env=env,
                            capture_output=True, text=True)
     check(child.returncode == 0, f"installed from the environment: {child.stdout}{child.stderr}")
+    # An unmodified script: sitecustomize.py loads the module before the script runs.
+    unmodified = ("import torch; x = torch.ones(100); u = torch.ops.nxmem.usage(); "
+                  "assert u['installed'] == 1 and torch.ops.nxmem.owns(x), dict(u)")
+    child = subprocess.run([sys.executable, "-c", unmodified], capture_output=True, text=True,
+                           env=dict(env, NXMEM_TORCH_LIBRARY=MODULE, PYTHONPATH=SITECUSTOMIZE_DIR))
+    check(child.returncode == 0, f"an unmodified script runs on the plugin: {child.stdout}{child.stderr}")
     env["NXMEM_TORCH_PLUGIN"] = "/nonexistent/plugin.so"
     child = subprocess.run([sys.executable, __file__, MODULE, PLUGIN, "environment-refused"], env=env,
                            capture_output=True, text=True)
