@@ -93,7 +93,10 @@ def main():
             check(not nxmem.owns(before), f"{name}: a tensor made before the install is not")
             import numpy
             check(not nxmem.owns(torch.from_numpy(numpy.ones(4))), f"{name}: from_numpy is not")
-            check(nxmem.usage()["plugin_live_allocations"] > 0, f"{name}: the plugin holds the tensors")
+            # One live allocation per distinct storage the run left alive, none more, none fewer.
+            storages = {t.storage().data_ptr() for t in held + outcome[2] if t.storage().nbytes() > 0}
+            live = nxmem.usage()["pool_live_allocations" if pooled else "plugin_live_allocations"]
+            check(live == len(storages), f"{name}: {live} live allocations for {len(storages)} live storages")
             check(same_outcome(outcome, reference), f"{name}: output, losses and weights bitwise identical")
             del outcome, held
             nxmem.trim()
