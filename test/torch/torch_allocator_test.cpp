@@ -75,9 +75,12 @@ TEST_CASE("the model gives the same bits through nxmem as through PyTorch's allo
                     workload.train_step();
                     require_all_served_by(installed, workload, output);
                     CHECK(figure(installed, "plugin_live_allocations") > 0);
-                    // The plugin's unload is refused while a tensor lives.
+                    // The plugin's unload is refused while a tensor lives, the host counting
+                    // what the tensors hold from it.
+                    CHECK(installed.module()->readiness().value().host.allocations > 0);
                     auto unload = installed.module()->try_unload();
-                    CHECK_FALSE(unload.has_value());
+                    REQUIRE_FALSE(unload.has_value());
+                    CHECK_THAT(unload.error().describe(), Catch::Contains("allocations"));
                 }
                 {
                     const torch_engine::workload_outcome through_nxmem =
