@@ -168,6 +168,7 @@ int trace(const std::string& directory, const transformer_shape& shape) {
 } // namespace
 
 int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0); // each table line as soon as it is measured
     int rounds = 11;
     std::vector<int> thread_counts{1, 2};
     transformer_shape shape;
