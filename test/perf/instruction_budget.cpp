@@ -7,7 +7,8 @@
 //   the kit's share   (plugin table - mechanism object directly) <= kit_share_budget
 // (regression budgets; issue 10's targets, printed beside them, are lower)
 // per round trip, at 64 B and 4 KiB, and reports the whole path and nxmem::heap_allocator
-// against malloc + free.
+// against malloc + free; a pooled round trip (nxmem::pool_allocator over posix-eager, steady
+// state) must cost at most pooled_budget x malloc + free (issue 21).
 // Exit 77 (skipped) without valgrind, or in a sanitizer build (callgrind cannot run those).
 // Environment: NXMEM_POSIX_PLUGIN (the plugin), NXMEM_VALGRIND (else `valgrind` on PATH).
 #include <measure/routes.hpp>
@@ -15,6 +16,7 @@
 #include "eager.hpp" // plugins/posix
 
 #include <nxmem/host.hpp>
+#include <nxmem/host/pooled_allocator.hpp>
 
 #include <valgrind/callgrind.h>
 
@@ -47,6 +49,9 @@ constexpr double kit_share_budget = 457;
 // reported, not enforced (issue 10's target; its round trip is ~40 instructions over malloc's,
 // a third of them the result it returns, and moves by about as much with the compiler's inlining).
 constexpr double heap_allocator_target = 1.2;
+// A pooled round trip (nxmem::pool_allocator over posix-eager, in steady state: the block comes
+// from the pool's chunk, no crossing) against malloc + free: issue 21's target, enforced.
+constexpr double pooled_budget = 1.5;
 
 constexpr int exit_skip = 77;
 constexpr unsigned round_trips = 2000; // per route and size: callgrind runs ~50x slower
@@ -57,7 +62,7 @@ struct size_point {
     const char* label;
 };
 constexpr size_point sizes[] = {{64, "64B"}, {4096, "4KiB"}};
-constexpr const char* routes[] = {"adapter", "table", "mechanism", "malloc", "heap_allocator"};
+constexpr const char* routes[] = {"adapter", "table", "mechanism", "malloc", "heap_allocator", "pooled"};
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool sanitized = true;
@@ -72,6 +77,24 @@ constexpr bool sanitized = false;
 #endif
 
 // ---- the child, under callgrind ----
+
+// A pool over the plugin allocator: the handle is the pool's allocation.
+class pooled_route {
+public:
+    using handle = nxmem::allocation<nxmem::cpu_device>;
+    explicit pooled_route(nxmem::host::pooled_plugin_allocator<nxmem::cpu_device>& pool) : pool_(&pool) {}
+    std::optional<handle> allocate(std::uint64_t size, std::uint64_t alignment) {
+        nxmem::result<handle> made = pool_->allocate(size, alignment);
+        if (!made) {
+            return std::nullopt;
+        }
+        return made.value();
+    }
+    bool release(const handle& live) { return pool_->release(live).has_value(); }
+
+private:
+    nxmem::host::pooled_plugin_allocator<nxmem::cpu_device>* pool_;
+};
 
 template <class Route> bool count_loop(Route& route, const size_point& size, const std::string& name) {
     for (unsigned i = 0; i < warm_up; ++i) {
@@ -105,6 +128,12 @@ int measure(const char* plugin) {
     nxmem::measure::table_route table(allocator.value(), 1ull << 62);
     nxmem::measure::malloc_route heap;
     nxmem::measure::heap_route heap_allocator;
+    auto pool = nxmem::host::open_pooled_allocator<nxmem::cpu_device>(module.value(), "posix-eager");
+    if (!pool) {
+        std::cerr << "cannot open posix-eager pooled\n";
+        return 1;
+    }
+    pooled_route pooled(*pool.value());
     bool ok = true;
     for (const size_point& size : sizes) {
         const std::string at = std::string("/") + size.label;
@@ -113,6 +142,7 @@ int measure(const char* plugin) {
         ok = count_loop(mechanism.value(), size, std::string("mechanism") + at) && ok;
         ok = count_loop(heap, size, std::string("malloc") + at) && ok;
         ok = count_loop(heap_allocator, size, std::string("heap_allocator") + at) && ok;
+        ok = count_loop(pooled, size, std::string("pooled") + at) && ok;
     }
     return ok ? 0 : 1;
 }
@@ -241,6 +271,14 @@ int main(int argc, char** argv) {
                     "target %.0f)  whole path %.1fx malloc+free\n",
                     host_share, host_share_budget, host_share_target, kit_share, kit_share_budget,
                     kit_share_target, per["adapter"] / per["malloc"]);
+        std::printf("        pooled (pool_allocator over posix-eager, steady state) %5.0f: %.2fx malloc+free "
+                    "(budget %.1fx)\n",
+                    per["pooled"], per["pooled"] / per["malloc"], pooled_budget);
+        if (per["pooled"] > pooled_budget * per["malloc"]) {
+            std::printf("FAIL: at %s a pooled round trip costs %.0f instructions, over %.1fx malloc+free's %.0f\n",
+                        size.label, per["pooled"], pooled_budget, per["malloc"]);
+            within = false;
+        }
         if (host_share > host_share_budget) {
             std::printf("FAIL: at %s the host adds %.0f instructions per round trip, over its budget of %.0f\n",
                         size.label, host_share, host_share_budget);

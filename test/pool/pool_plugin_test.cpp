@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
 #include <cstring>
 #include <vector>
 
@@ -169,4 +171,36 @@ TEST_CASE("reclaim under a posix budget trims the pool before an allocation fail
         CHECK(refused.error().code == status_code::out_of_memory);
         REQUIRE(pool->release(held));
     }
+}
+
+TEST_CASE("a pooled 2 MiB allocate + write every page + release faults no page in steady state", "[pool][posix]") {
+    auto module = test::load_or_fail(posix_path());
+    auto minor_faults = [] {
+        rusage now{};
+        ::getrusage(RUSAGE_SELF, &now);
+        return now.ru_minflt;
+    };
+    auto cycle = [](auto& allocator) {
+        auto span = value_or_fail(allocator.allocate(2 * mib, 64));
+        std::memset(span.address, 0x11, span.size);
+        REQUIRE(allocator.release(span));
+    };
+    constexpr int cycles = 32;
+    auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-eager"));
+    cycle(*pool); // the first cycle faults the span in
+    const long pooled_before = minor_faults();
+    for (int i = 0; i < cycles; ++i) {
+        cycle(*pool);
+    }
+    const long pooled = minor_faults() - pooled_before;
+    // Unpooled, every cycle maps fresh pages and faults each of the 512 in again.
+    auto direct = value_or_fail(host::open_allocator<cpu_device>(module, "posix-eager"));
+    const long direct_before = minor_faults();
+    for (int i = 0; i < cycles; ++i) {
+        cycle(direct);
+    }
+    const long unpooled = minor_faults() - direct_before;
+    INFO("minor faults over " << cycles << " cycles: pooled " << pooled << ", unpooled " << unpooled);
+    CHECK(pooled < cycles); // fewer than one a cycle (the process's other faults included)
+    CHECK(unpooled >= cycles * 256);
 }

@@ -412,3 +412,20 @@ TEST_CASE("growth by allocation when asked, even over an upstream offering virtu
     pool_allocator pool(upstream, options);
     CHECK_FALSE(pool.grows_by_commit());
 }
+
+TEST_CASE("crossings: a million live 64 B allocations cost one upstream call per 2 MiB chunk", "[pool]") {
+    pool_allocator pool(fake_device_upstream{});
+    std::vector<allocation<cuda_device>> live;
+    live.reserve(1'000'000);
+    for (int i = 0; i < 1'000'000; ++i) {
+        live.push_back(value_or_fail(pool.allocate(64, 64)));
+    }
+    // 64 MB of blocks in 2 MiB chunks: 31 chunks.
+    CHECK(pool.usage().upstream_allocations == (64'000'000 + 2 * mib - 1) / (2 * mib));
+    CHECK(pool.usage().held_bytes == pool.usage().upstream_allocations * 2 * mib);
+    for (const auto& one : live) {
+        REQUIRE(pool.release(one));
+    }
+    CHECK(pool.trim(0) == pool.usage().upstream_allocations * 2 * mib);
+    CHECK(pool.usage().upstream_releases == pool.usage().upstream_allocations);
+}

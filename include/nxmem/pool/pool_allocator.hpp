@@ -103,22 +103,23 @@ public:
     device_id device() const noexcept { return device_; }
 
     result<allocation<device_type>> allocate(std::uint64_t size, std::uint64_t alignment) {
-        if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) [[unlikely]] {
-            return refused_request(size, alignment);
-        }
-        const std::uint32_t size_class = pool_classes::class_of(size, alignment);
-        if (size_class != pool_classes::not_small) [[likely]] {
-            const std::uint32_t home_index = pool_detail::this_thread_shard();
-            pool_detail::shard& home = shards_[home_index];
-            home.lock.lock();
-            pool_detail::slab* slab = home.current[size_class];
-            if (slab != nullptr && slab->free_head != pool_detail::none) [[likely]] {
-                return hand_out_block(home, *slab, size, alignment);
+        // The common case first, calling nothing: a small request, the thread's shard chosen
+        // and its lock free, a free block in its current slab of the class.
+        if (size != 0 && std::has_single_bit(alignment)) [[likely]] {
+            const std::uint32_t size_class = pool_classes::class_of(size, alignment);
+            const std::uint32_t home_index = pool_detail::this_thread_shard_if_chosen();
+            if (size_class != pool_classes::not_small && home_index < pool_detail::shard_count) [[likely]] {
+                pool_detail::shard& home = shards_[home_index];
+                if (home.lock.try_lock()) [[likely]] {
+                    pool_detail::slab* slab = home.current[size_class];
+                    if (slab != nullptr && slab->free_head != pool_detail::none) [[likely]] {
+                        return hand_out_block(home, *slab, size, alignment);
+                    }
+                    home.lock.unlock();
+                }
             }
-            home.lock.unlock();
-            return allocate_block_slowly(size_class, size, alignment);
         }
-        return allocate_span(size, alignment);
+        return allocate_checked(size, alignment);
     }
 
     // Checked as the host adapter checks a release (docs/ABI.md M10's order): another mechanism
@@ -128,13 +129,27 @@ public:
     // reports COMPLETE with unmapped_bytes 0 (the memory stays in the pool, idle); a
     // pass-through one reports what the upstream reported.
     result<release_report> release(const allocation<device_type>& live) {
-        if (const auto code = identity_fault(live); code != status_code::ok) [[unlikely]] {
-            return refused_release(code, live);
+        // The common case first, calling nothing (so it needs no registers saved): a small block
+        // of this pool, its shard's lock free, its slab the shard's current one. Anything else,
+        // any doubt included, takes the fully checked path.
+        const std::uint64_t id = live.allocation_id;
+        if (!pool_detail::names_span(id) && live.mechanism_id == mechanism_id_.load(std::memory_order_relaxed) &&
+            pool_detail::same_device(live.device, device_)) [[likely]] {
+            if (pool_detail::slab* slab = slabs_.find(pool_detail::slab_of(id)); slab != nullptr) [[likely]] {
+                const std::uint32_t owner_index = slab->owner.load(std::memory_order_acquire);
+                if (owner_index < pool_detail::shard_count) [[likely]] {
+                    pool_detail::shard& owner = shards_[owner_index];
+                    if (owner.lock.try_lock()) [[likely]] {
+                        if (release_current_block(owner, owner_index, *slab, live)) [[likely]] {
+                            owner.lock.unlock();
+                            return release_report{release_state::complete, 0, 0};
+                        }
+                        owner.lock.unlock();
+                    }
+                }
+            }
         }
-        if (!pool_detail::names_span(live.allocation_id)) [[likely]] {
-            return release_block(live);
-        }
-        return release_span(live);
+        return release_checked(live);
     }
 
     // Releases the allocation that starts at `address`, found in the pool's own records (a
@@ -239,6 +254,53 @@ private:
 
     // ---- small blocks ----
 
+    // Under owner's lock: releases the block `live` names if everything about it is as expected
+    // and its slab is its shard's current one; false (nothing changed) otherwise.
+    bool release_current_block(pool_detail::shard& owner, std::uint32_t owner_index, pool_detail::slab& slab,
+                               const allocation<device_type>& live) noexcept {
+        const std::uint32_t block = pool_detail::block_of(live.allocation_id);
+        if (slab.owner.load(std::memory_order_relaxed) != owner_index || block >= slab.block_count) {
+            return false;
+        }
+        pool_detail::block_record& record = slab.records[block];
+        if (!record.live || record.generation != pool_detail::generation_of(live.allocation_id) ||
+            record.generation >= pool_detail::generation_limit ||
+            device_type::to_wire(live.address) != slab.base + block * slab.block_bytes ||
+            live.size != record.size_or_next || live.alignment != std::uint64_t{1} << record.alignment_log2 ||
+            owner.current[slab.class_index] != &slab) {
+            return false;
+        }
+        record.live = false;
+        record.size_or_next = slab.free_head;
+        slab.free_head = block;
+        ++slab.free_count;
+        owner.live_allocations -= 1;
+        owner.in_use_bytes -= live.size;
+        owner.handed_out_bytes -= slab.block_bytes;
+        return true;
+    }
+
+    [[gnu::noinline]] result<allocation<device_type>> allocate_checked(std::uint64_t size, std::uint64_t alignment) {
+        if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) [[unlikely]] {
+            return refused_request(size, alignment);
+        }
+        const std::uint32_t size_class = pool_classes::class_of(size, alignment);
+        if (size_class != pool_classes::not_small) [[likely]] {
+            return allocate_block_slowly(size_class, size, alignment);
+        }
+        return allocate_span(size, alignment);
+    }
+
+    [[gnu::noinline]] result<release_report> release_checked(const allocation<device_type>& live) {
+        if (const auto code = identity_fault(live); code != status_code::ok) [[unlikely]] {
+            return refused_release(code, live);
+        }
+        if (!pool_detail::names_span(live.allocation_id)) [[likely]] {
+            return release_block(live);
+        }
+        return release_span(live);
+    }
+
     // Under home's lock, with a free block in `slab`; drops the lock.
     result<allocation<device_type>> hand_out_block(pool_detail::shard& home, pool_detail::slab& slab,
                                                    std::uint64_t size, std::uint64_t alignment) {
@@ -341,17 +403,17 @@ private:
         const std::uint64_t id = live.allocation_id;
         pool_detail::slab* slab = slabs_.find(pool_detail::slab_of(id));
         if (slab == nullptr) [[unlikely]] {
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         pool_detail::shard* owner = lock_owner(*slab);
         if (owner == nullptr) [[unlikely]] {
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         const std::uint32_t block = pool_detail::block_of(id);
         if (block >= slab->block_count || !slab->records[block].live ||
             slab->records[block].generation != pool_detail::generation_of(id)) [[unlikely]] {
             owner->lock.unlock();
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         pool_detail::block_record& record = slab->records[block];
         if (device_type::to_wire(live.address) != slab->base + block * slab->block_bytes ||
@@ -364,28 +426,34 @@ private:
         owner->live_allocations -= 1;
         owner->in_use_bytes -= live.size;
         owner->handed_out_bytes -= slab->block_bytes;
-        if (record.generation >= pool_detail::generation_limit) [[unlikely]] {
-            // Its ids are spent: the block is never handed out again (nor its slab given back).
-            owner->lock.unlock();
-            return release_report{release_state::complete, 0, 0};
-        }
-        record.size_or_next = slab->free_head;
-        slab->free_head = block;
-        ++slab->free_count;
-        const bool current = owner->current[slab->class_index] == slab;
-        if (!current && slab->free_count == slab->block_count) [[unlikely]] {
-            if (slab->listed) {
-                unlist(*owner, *slab);
+        if (record.generation < pool_detail::generation_limit) [[likely]] {
+            record.size_or_next = slab->free_head;
+            slab->free_head = block;
+            ++slab->free_count;
+            if (owner->current[slab->class_index] != slab) [[unlikely]] {
+                return released_outside_current(*owner, *slab);
             }
-            retire_slab(*slab);
-            owner->lock.unlock();
+        } // else its ids are spent: the block is never handed out again (nor its slab given back)
+        owner->lock.unlock();
+        return release_report{release_state::complete, 0, 0};
+    }
+
+    // Under the owner's lock, a block of a slab that is not its shard's current one came back:
+    // the slab joins the partly used list, or leaves the shard when wholly free. Drops the lock.
+    [[gnu::noinline]] release_report released_outside_current(pool_detail::shard& owner, pool_detail::slab& slab) {
+        if (slab.free_count == slab.block_count) {
+            if (slab.listed) {
+                unlist(owner, slab);
+            }
+            retire_slab(slab);
+            owner.lock.unlock();
             enforce_retention();
             return release_report{release_state::complete, 0, 0};
         }
-        if (!current && !slab->listed) [[unlikely]] {
-            enlist(*owner, *slab);
+        if (!slab.listed) {
+            enlist(owner, slab);
         }
-        owner->lock.unlock();
+        owner.lock.unlock();
         return release_report{release_state::complete, 0, 0};
     }
 
@@ -777,16 +845,16 @@ private:
     result<release_report> release_span(const allocation<device_type>& live) {
         span_type* span = spans_.find(pool_detail::span_of(live.allocation_id));
         if (span == nullptr) [[unlikely]] {
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         pool_detail::shard* owner = lock_owner(*span);
         if (owner == nullptr) [[unlikely]] {
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         if (span->state != pool_detail::span_state::live ||
             span->generation != pool_detail::generation_of(live.allocation_id)) {
             owner->lock.unlock();
-            return refused_release(status_code::unknown_allocation, live);
+            return refused_as_unknown(live);
         }
         if (live.address != span->upstream.address || live.size != span->requested_bytes ||
             live.alignment != span->alignment) {
@@ -999,17 +1067,24 @@ private:
     }
 
     status_code identity_fault(const allocation<device_type>& live) const noexcept {
-        if (mechanism_known_.load(std::memory_order_relaxed) &&
-            live.mechanism_id != mechanism_id_.load(std::memory_order_relaxed)) [[unlikely]] {
-            return status_code::wrong_mechanism;
+        if (live.mechanism_id != mechanism_id_.load(std::memory_order_relaxed)) [[unlikely]] {
+            if (mechanism_known_.load(std::memory_order_relaxed)) {
+                return status_code::wrong_mechanism;
+            }
         }
         if (live.device != device_) [[unlikely]] {
             return status_code::wrong_device;
         }
-        if (live.size == 0 || live.alignment == 0 || (live.alignment & (live.alignment - 1)) != 0) [[unlikely]] {
-            return status_code::invalid_argument;
-        }
         return status_code::ok;
+    }
+
+    // A release refused as not live: a size or alignment that no allocation has comes first
+    // (docs/ABI.md M10), checked only here so a release that succeeds does not pay for it.
+    [[gnu::cold, gnu::noinline]] error refused_as_unknown(const allocation<device_type>& live) const noexcept {
+        if (live.size == 0 || live.alignment == 0 || (live.alignment & (live.alignment - 1)) != 0) {
+            return refused_release(status_code::invalid_argument, live);
+        }
+        return refused_release(status_code::unknown_allocation, live);
     }
 
     [[gnu::cold, gnu::noinline]] static error refused_request(std::uint64_t size, std::uint64_t alignment) noexcept {

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <nxmem/allocation.hpp>
+#include <nxmem/device.hpp>
 #include <nxmem/detail/spin_lock.hpp>
 #include <nxmem/pool/size_classes.hpp>
 
 #include <array>
+#include <bit>
+#include <type_traits>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -19,11 +22,27 @@ inline constexpr std::uint32_t shard_count = 16;
 // The shard a thread uses in every pool: threads take 0, 1, 2, ... in the order they first
 // allocate from any pool, so threads share a shard only beyond sixteen alive. Trivially
 // destructible: nothing runs at thread exit.
-inline std::uint32_t this_thread_shard() noexcept {
+// (Constant-initialised, so reading it costs no guard: 0 means "not chosen yet".)
+[[gnu::noinline]] inline std::uint32_t choose_shard(std::uint32_t& chosen) noexcept {
     static std::atomic<std::uint32_t> next_shard{0};
-    thread_local const std::uint32_t shard =
-        next_shard.fetch_add(1, std::memory_order_relaxed) % shard_count;
-    return shard;
+    chosen = next_shard.fetch_add(1, std::memory_order_relaxed) % shard_count + 1;
+    return chosen - 1;
+}
+inline std::uint32_t& this_thread_shard_plus_one() noexcept {
+    thread_local constinit std::uint32_t shard_plus_one = 0;
+    return shard_plus_one;
+}
+inline std::uint32_t this_thread_shard() noexcept {
+    std::uint32_t& chosen = this_thread_shard_plus_one();
+    return chosen != 0 ? chosen - 1 : choose_shard(chosen);
+}
+// The thread's shard, or none (a large index) before it has one.
+inline std::uint32_t this_thread_shard_if_chosen() noexcept { return this_thread_shard_plus_one() - 1; }
+
+// Two devices compared as one 64-bit word (a type and an index, no padding).
+inline bool same_device(const device_id& left, const device_id& right) noexcept {
+    static_assert(sizeof(device_id) == sizeof(std::uint64_t) && std::has_unique_object_representations_v<device_id>);
+    return std::bit_cast<std::uint64_t>(left) == std::bit_cast<std::uint64_t>(right);
 }
 
 // One block of a slab: its generation, and the request it serves while live (the next free
@@ -37,7 +56,8 @@ struct block_record {
 
 // A 64 KiB piece of a chunk, carved into blocks of one class while a shard owns it. Its fields
 // change only under its owner's lock (and `owner` only with both the owner's and the pool's).
-struct slab {
+// Cache-line aligned: neighbouring slabs owned by two threads' shards share no line.
+struct alignas(64) slab {
     std::atomic<std::uint32_t> owner{none}; // the shard whose lock guards it; none while free
     std::uint32_t index = 0;
     std::uint32_t class_index = pool_classes::not_small;
@@ -57,7 +77,7 @@ struct slab {
 enum class span_state : std::uint8_t { unused, live, cached, leaving };
 
 // A large allocation of its own from the upstream (cached by size when released) or a pass-through.
-template <class D> struct span_record {
+template <class D> struct alignas(64) span_record {
     std::atomic<std::uint32_t> owner{none};
     std::uint32_t index = 0;
     std::uint32_t generation = 0;
