@@ -1,9 +1,10 @@
-// A recorded allocation trace (bench/traces/*.trace, written by record_transformer_trace.py):
+// A recorded allocation trace (bench/traces/*.trace, written by bench/torch/torch_bench --trace):
 // reading it, and replaying it through a measure route (bench/measure/routes.hpp) pass after
 // pass, writing every page of each allocation as the engine's kernels would.
 //
-// Format: one event a line, '#' starts a comment; "a ID SIZE" allocates ID, "f ID" releases it.
-// IDs are dense from 0; an allocation still live at the end of the trace is released when a
+// Format (bench/traces/README.md): one event a line, '#' starts a comment; "a SIZE ID" allocates
+// ID, "f ID" releases it. IDs are small and unique (each indexes a table); an allocation still
+// live at the end of the trace is released when a
 // replayed pass ends (the pass's output, dropped before the next).
 #pragma once
 
@@ -52,11 +53,12 @@ inline result<allocation_trace> read_allocation_trace(const std::string& path) {
         std::istringstream fields(line);
         char kind = 0;
         trace_event event;
-        fields >> kind >> event.id;
+        fields >> kind; // bench/traces/README.md: "a SIZE ID" or "f ID"
         event.allocate = kind == 'a';
         if (event.allocate) {
             fields >> event.size;
         }
+        fields >> event.id;
         const bool known = event.id < sizes.size();
         if (!fields || (kind != 'a' && kind != 'f') || (event.allocate && (event.size == 0 || known)) ||
             (!event.allocate && (!known || sizes[event.id] == 0))) {

@@ -9,6 +9,7 @@ NXMEM_DEB_PACKAGES=(
   librapidcheck-dev # property tests (test/pool)
   valgrind # the instruction budgets (test/perf): callgrind
   libjemalloc-dev libmimalloc-dev # bench/: in-run baselines of the pool, dlopen'd beside glibc malloc
+  libtorch-dev python3-torch libopenblas0 # the PyTorch integration (engines/torch, docs/TORCH.md)
 )
 
 # Prints the packages of NXMEM_DEB_PACKAGES that dpkg does not report as installed.
