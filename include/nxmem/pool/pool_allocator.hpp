@@ -791,12 +791,17 @@ private:
     // when neither has one.
     std::uint32_t best_free_piece(std::uint64_t bytes, std::uint64_t alignment) const noexcept {
         const std::uint32_t own_bin = pool_classes::bin_of(bytes);
-        std::uint32_t best = smallest_fitting_piece(free_pieces_[own_bin], bytes, alignment);
-        for (std::uint32_t bin = next_free_bin(own_bin + 1); best == pool_detail::none && bin < pool_classes::bin_count;
-             bin = next_free_bin(bin + 1)) {
-            best = smallest_fitting_piece(free_pieces_[bin], bytes, alignment);
+        if (const std::uint32_t best = smallest_fitting_piece(free_pieces_[own_bin], bytes, alignment);
+            best != pool_detail::none) [[likely]] {
+            return best;
         }
-        return best;
+        for (std::uint32_t bin = next_free_bin(own_bin + 1); bin < pool_classes::bin_count; bin = next_free_bin(bin + 1)) {
+            if (const std::uint32_t best = smallest_fitting_piece(free_pieces_[bin], bytes, alignment);
+                best != pool_detail::none) {
+                return best;
+            }
+        }
+        return pool_detail::none;
     }
     std::uint32_t smallest_fitting_piece(std::uint32_t head, std::uint64_t bytes, std::uint64_t alignment) const noexcept {
         std::uint32_t best = pool_detail::none;
