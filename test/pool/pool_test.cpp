@@ -213,7 +213,7 @@ TEST_CASE("release by address finds small, large and pass-through allocations; i
     CHECK(pool.upstream().ledger()->bad_releases == 0);
 }
 
-TEST_CASE("large spans are cached by size bin and reused without calling the upstream", "[pool]") {
+TEST_CASE("a released span is reused without calling the upstream", "[pool]") {
     pool_allocator pool(heap_upstream{});
     auto ledger = pool.upstream().ledger();
     for (int cycle = 0; cycle < 50; ++cycle) {
@@ -225,6 +225,35 @@ TEST_CASE("large spans are cached by size bin and reused without calling the ups
     CHECK(pool.usage().upstream_allocations == 1);
     CHECK(pool.usage().idle_bytes == 2 * mib);
     CHECK(pool.trim(0) == 2 * mib);
+    CHECK(ledger->live_count() == 0);
+}
+
+TEST_CASE("a free span piece is split for smaller requests and merged again when they come back", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    auto ledger = pool.upstream().ledger();
+    REQUIRE(pool.release(value_or_fail(pool.allocate(4 * mib, 64))));
+    REQUIRE(ledger->allocations == 1);
+    // Three requests of other sizes, from the one idle 4 MiB segment.
+    auto low = value_or_fail(pool.allocate(1 * mib, 64));
+    auto middle = value_or_fail(pool.allocate(2 * mib, 64));
+    auto high = value_or_fail(pool.allocate(1 * mib, 64));
+    CHECK(ledger->allocations == 1);
+    CHECK(static_cast<char*>(middle.address) == static_cast<char*>(low.address) + 1 * mib);
+    CHECK(static_cast<char*>(high.address) == static_cast<char*>(middle.address) + 2 * mib);
+    CHECK(pool.usage().idle_bytes == 0);
+    std::memset(middle.address, 0x5a, middle.size);
+    // The outer pieces come back first; the middle one, by address, merges with both free
+    // neighbours: the segment is one piece again, and a request for all of it fits.
+    REQUIRE(pool.release(high));
+    REQUIRE(pool.release(low));
+    CHECK(pool.usage().idle_bytes == 2 * mib);
+    REQUIRE(pool.release_by_address(middle.address));
+    CHECK(pool.release(middle).error().code == status_code::unknown_allocation);
+    auto whole = value_or_fail(pool.allocate(4 * mib, 64));
+    CHECK(whole.address == low.address);
+    CHECK(ledger->allocations == 1);
+    REQUIRE(pool.release(whole));
+    CHECK(pool.trim(0) == 4 * mib);
     CHECK(ledger->live_count() == 0);
 }
 

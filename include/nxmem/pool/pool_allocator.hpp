@@ -3,9 +3,9 @@
 // memory it already faulted in. Itself a DeviceAllocator, so pools compose.
 //
 // - Small requests (up to 16 KiB) are blocks of a size class, carved from 64 KiB slabs of
-//   chunks taken from the upstream; larger ones up to pass_through_bytes are spans, one upstream
-//   allocation each, rounded to a size bin and cached by bin when released; larger still pass
-//   straight through.
+//   chunks taken from the upstream; larger ones up to pass_through_bytes are spans: pieces of
+//   segments (upstream allocations), best fit across sizes, split on allocate and merged with
+//   free neighbours on release (the spans section below); larger still pass straight through.
 // - Metadata is out of band: the pool never reads or writes the memory it hands out.
 // - A release is checked as the host adapter checks one (docs/ABI.md M1, M4, M5, M10) in
 //   constant time: the id names the record (pool/detail/pooled_id.hpp).
@@ -81,9 +81,10 @@ public:
     // the pool.
     ~pool_allocator() {
         for (std::uint64_t index = 0; index < next_span_; ++index) {
-            span_type& span = spans_[index];
-            if (span.state != pool_detail::span_state::unused) {
-                (void)upstream_.release(span.upstream);
+            // A segment's first piece (no lower neighbour) gives the segment back.
+            span_type& piece = spans_[index];
+            if (piece.state != pool_detail::span_state::unused && piece.lower == pool_detail::none) {
+                (void)upstream_.release(piece.segment);
             }
         }
         if (reservation_.has_value()) {
@@ -164,7 +165,7 @@ public:
         return release(*live);
     }
 
-    // Gives idle memory back to the upstream (cached spans, then chunks with no block in use)
+    // Gives idle memory back to the upstream (idle span segments, then chunks with no block in use)
     // until at most keep_bytes are idle or nothing idle is left to give; free blocks of slabs
     // still in use stay. Returns the bytes given back.
     std::uint64_t trim(std::uint64_t keep_bytes = 0) {
@@ -173,7 +174,7 @@ public:
             return 0;
         }
         const std::uint64_t excess = now.idle_bytes - keep_bytes;
-        std::uint64_t given = give_back_cached_spans(excess);
+        std::uint64_t given = give_back_idle_segments(excess);
         if (given < excess) {
             retire_idle_current_slabs();
             given += give_back_free_chunks(excess - given);
@@ -189,6 +190,12 @@ public:
             totals.live_allocations += shard.live_allocations;
             totals.in_use_bytes += shard.in_use_bytes;
             handed_out += shard.handed_out_bytes;
+        }
+        {
+            std::lock_guard lock(span_lock_);
+            totals.live_allocations += span_live_allocations_;
+            totals.in_use_bytes += span_in_use_bytes_;
+            handed_out += span_handed_out_bytes_;
         }
         totals.held_bytes = held_bytes_.load(std::memory_order_relaxed);
         totals.idle_bytes = totals.held_bytes > handed_out ? totals.held_bytes - handed_out : 0;
@@ -220,6 +227,11 @@ private:
         bool span = false;
         std::uint32_t index = 0;
     };
+    template <std::size_t Count> static constexpr std::array<std::uint32_t, Count> all_none() noexcept {
+        std::array<std::uint32_t, Count> heads{};
+        heads.fill(pool_detail::none);
+        return heads;
+    }
     struct alignas(64) padded_lock {
         nxmem::detail::spin_lock lock;
     };
@@ -747,44 +759,137 @@ private:
     }
 
     // ---- spans ----
+    //
+    // A large request is a piece of a segment: one upstream allocation, cut into pieces that
+    // partition it in address order (each piece knows its lower and higher neighbour). A request
+    // takes the best-fitting free piece of any segment (its bytes rounded up to the granule)
+    // and splits off what it does not need as a new free piece; a released piece merges with a
+    // free neighbour on either side. Only when no free piece fits does the pool call the
+    // upstream, for a segment of exactly the request's bytes. Free pieces are listed by size bin
+    // (four per doubling, pool_classes::bin_of), with a bitmap of the bins that have any, so a
+    // search looks at the request's bin and the first non-empty bin above it. A segment whose one
+    // piece is free is idle: trim gives it back whole. The records live in spans_, so an id still
+    // names its record in constant time; everything about pieces is behind span_lock_.
 
     result<allocation<device_type>> allocate_span(std::uint64_t size, std::uint64_t alignment) {
         if (size > pass_through_bytes_) {
             return allocate_new_span(size, size, alignment, true);
         }
-        const std::uint64_t bytes = pool_classes::bin_bytes(std::max(size, granule_), granule_);
-        const std::uint32_t bin = pool_classes::bin_of(bytes);
-        const std::uint32_t home_index = pool_detail::this_thread_shard();
-        pool_detail::shard& home = shards_[home_index];
-        home.lock.lock();
-        if (const std::uint32_t head = home.cached[bin]; head != pool_detail::none) {
-            span_type& span = spans_[head];
-            if (span.upstream.size >= bytes &&
-                device_type::to_wire(span.upstream.address) % alignment == 0) {
-                home.cached[bin] = span.next;
-                span.next = pool_detail::none;
-                home.cached_bytes.fetch_sub(span.upstream.size, std::memory_order_relaxed);
-                return hand_out_span(home, span, size, alignment);
-            }
+        const std::uint64_t bytes = pool_classes::round_up(size, granule_);
+        span_lock_.lock();
+        if (const std::uint32_t fit = best_free_piece(bytes, alignment); fit != pool_detail::none) {
+            span_type& piece = spans_[fit];
+            unlist_free_piece(piece);
+            return hand_out_piece(piece, bytes, size, alignment);
         }
-        home.lock.unlock();
+        span_lock_.unlock();
         return allocate_new_span(bytes, size, alignment, false);
     }
 
-    // Under home's lock, the span owned by home; drops the lock.
-    result<allocation<device_type>> hand_out_span(pool_detail::shard& home, span_type& span,
-                                                  std::uint64_t size, std::uint64_t alignment) {
-        const std::uint32_t generation = ++span.generation;
-        span.state = pool_detail::span_state::live;
-        span.requested_bytes = size;
-        span.alignment = alignment;
-        ++home.live_allocations;
-        home.in_use_bytes += size;
-        home.handed_out_bytes += span.upstream.size;
-        const allocation<device_type> handed{span.upstream.address, size, alignment,
-                                             pool_detail::span_id(generation, span.index),
-                                             span.upstream.mechanism_id, device_};
-        home.lock.unlock();
+    // Under span_lock_: the smallest free piece of at least `bytes` that starts aligned, from the
+    // request's bin and the first non-empty bin above it (any piece there is large enough); none
+    // when neither has one.
+    std::uint32_t best_free_piece(std::uint64_t bytes, std::uint64_t alignment) const noexcept {
+        const std::uint32_t own_bin = pool_classes::bin_of(bytes);
+        if (const std::uint32_t best = smallest_fitting_piece(free_pieces_[own_bin], bytes, alignment);
+            best != pool_detail::none) [[likely]] {
+            return best;
+        }
+        for (std::uint32_t bin = next_free_bin(own_bin + 1); bin < pool_classes::bin_count; bin = next_free_bin(bin + 1)) {
+            if (const std::uint32_t best = smallest_fitting_piece(free_pieces_[bin], bytes, alignment);
+                best != pool_detail::none) {
+                return best;
+            }
+        }
+        return pool_detail::none;
+    }
+    std::uint32_t smallest_fitting_piece(std::uint32_t head, std::uint64_t bytes, std::uint64_t alignment) const noexcept {
+        std::uint32_t best = pool_detail::none;
+        for (std::uint32_t at = head; at != pool_detail::none; at = spans_[at].next) {
+            const span_type& piece = spans_[at];
+            if (piece.bytes >= bytes && piece.base % alignment == 0 &&
+                (best == pool_detail::none || piece.bytes < spans_[best].bytes)) {
+                best = at;
+            }
+        }
+        return best;
+    }
+    // The first bin at or above `from` that lists a free piece; bin_count when none does.
+    std::uint32_t next_free_bin(std::uint32_t from) const noexcept {
+        for (std::uint32_t word = from / 64; word < free_bin_words; ++word) {
+            std::uint64_t bits = free_bins_[word];
+            if (word == from / 64) {
+                bits &= ~std::uint64_t{0} << (from % 64);
+            }
+            if (bits != 0) {
+                return word * 64 + static_cast<std::uint32_t>(std::countr_zero(bits));
+            }
+        }
+        return pool_classes::bin_count;
+    }
+
+    void list_free_piece(span_type& piece) noexcept {
+        const std::uint32_t bin = pool_classes::bin_of(piece.bytes);
+        piece.state = pool_detail::span_state::free;
+        piece.previous = pool_detail::none;
+        piece.next = free_pieces_[bin];
+        if (piece.next != pool_detail::none) {
+            spans_[piece.next].previous = piece.index;
+        }
+        free_pieces_[bin] = piece.index;
+        free_bins_[bin / 64] |= std::uint64_t{1} << (bin % 64);
+        free_piece_bytes_.fetch_add(piece.bytes, std::memory_order_relaxed);
+    }
+    void unlist_free_piece(span_type& piece) noexcept {
+        const std::uint32_t bin = pool_classes::bin_of(piece.bytes);
+        if (piece.previous != pool_detail::none) {
+            spans_[piece.previous].next = piece.next;
+        } else {
+            free_pieces_[bin] = piece.next;
+            if (piece.next == pool_detail::none) {
+                free_bins_[bin / 64] &= ~(std::uint64_t{1} << (bin % 64));
+            }
+        }
+        if (piece.next != pool_detail::none) {
+            spans_[piece.next].previous = piece.previous;
+        }
+        piece.previous = piece.next = pool_detail::none;
+        free_piece_bytes_.fetch_sub(piece.bytes, std::memory_order_relaxed);
+    }
+
+    // Under span_lock_, a piece in no free list: keeps `bytes` of it (the rest becomes a free
+    // piece above it, when a record for it can be had; else the piece is handed out whole) and
+    // hands it out. Drops the lock.
+    result<allocation<device_type>> hand_out_piece(span_type& piece, std::uint64_t bytes, std::uint64_t size,
+                                                   std::uint64_t alignment) {
+        if (piece.bytes > bytes && !piece.pass_through) {
+            if (std::optional<std::uint32_t> index = take_span_index(); index.has_value()) {
+                span_type& rest = spans_[*index];
+                rest.base = piece.base + bytes;
+                rest.bytes = piece.bytes - bytes;
+                rest.segment = piece.segment;
+                rest.pass_through = false;
+                rest.lower = piece.index;
+                rest.higher = piece.higher;
+                if (piece.higher != pool_detail::none) {
+                    spans_[piece.higher].lower = rest.index;
+                }
+                piece.higher = rest.index;
+                piece.bytes = bytes;
+                list_free_piece(rest);
+            }
+        }
+        const std::uint32_t generation = ++piece.generation;
+        piece.state = pool_detail::span_state::live;
+        piece.requested_bytes = size;
+        piece.alignment = alignment;
+        ++span_live_allocations_;
+        span_in_use_bytes_ += size;
+        span_handed_out_bytes_ += piece.bytes;
+        const allocation<device_type> handed{device_type::from_wire(piece.base), size, alignment,
+                                             pool_detail::span_id(generation, piece.index),
+                                             piece.segment.mechanism_id, device_};
+        span_lock_.unlock();
         return handed;
     }
 
@@ -813,15 +918,14 @@ private:
                 give_back_upstream(memory);
                 return out_of_memory("the host could not record a span");
             }
-            const std::uint32_t home_index = pool_detail::this_thread_shard();
-            pool_detail::shard& home = shards_[home_index];
-            span_type& span = spans_[*index];
-            home.lock.lock();
-            span.upstream = memory;
-            span.pass_through = pass_through;
-            span.next = pool_detail::none;
-            span.owner.store(home_index, std::memory_order_release);
-            return hand_out_span(home, span, size, alignment);
+            span_type& piece = spans_[*index];
+            span_lock_.lock();
+            piece.base = base;
+            piece.bytes = memory.size;
+            piece.segment = memory;
+            piece.pass_through = pass_through;
+            piece.lower = piece.higher = pool_detail::none;
+            return hand_out_piece(piece, std::min(bytes, memory.size), size, alignment);
         } catch (const std::bad_alloc&) {
             return error{status_code::out_of_memory, {}};
         }
@@ -844,46 +948,43 @@ private:
     }
 
     result<release_report> release_span(const allocation<device_type>& live) {
-        span_type* span = spans_.find(pool_detail::span_of(live.allocation_id));
-        if (span == nullptr) [[unlikely]] {
+        span_type* found = spans_.find(pool_detail::span_of(live.allocation_id));
+        if (found == nullptr) [[unlikely]] {
             return refused_as_unknown(live);
         }
-        pool_detail::shard* owner = lock_owner(*span);
-        if (owner == nullptr) [[unlikely]] {
+        span_type& piece = *found;
+        span_lock_.lock();
+        if (piece.state != pool_detail::span_state::live ||
+            piece.generation != pool_detail::generation_of(live.allocation_id)) {
+            span_lock_.unlock();
             return refused_as_unknown(live);
         }
-        if (span->state != pool_detail::span_state::live ||
-            span->generation != pool_detail::generation_of(live.allocation_id)) {
-            owner->lock.unlock();
-            return refused_as_unknown(live);
-        }
-        if (live.address != span->upstream.address || live.size != span->requested_bytes ||
-            live.alignment != span->alignment) {
-            owner->lock.unlock();
+        if (device_type::to_wire(live.address) != piece.base || live.size != piece.requested_bytes ||
+            live.alignment != piece.alignment) {
+            span_lock_.unlock();
             return refused_release(status_code::invalid_argument, live);
         }
-        owner->live_allocations -= 1;
-        owner->in_use_bytes -= live.size;
-        owner->handed_out_bytes -= span->upstream.size;
-        if (!span->pass_through && span->generation < pool_detail::generation_limit) {
-            span->state = pool_detail::span_state::cached;
-            const std::uint32_t bin = pool_classes::bin_of(span->upstream.size);
-            span->next = owner->cached[bin];
-            owner->cached[bin] = span->index;
-            owner->cached_bytes.fetch_add(span->upstream.size, std::memory_order_relaxed);
-            owner->lock.unlock();
+        span_live_allocations_ -= 1;
+        span_in_use_bytes_ -= live.size;
+        span_handed_out_bytes_ -= piece.bytes;
+        if (!piece.pass_through) {
+            if (piece.generation < pool_detail::generation_limit) [[likely]] {
+                put_back_piece(piece);
+            } else {
+                piece.state = pool_detail::span_state::spent; // never handed out again, nor merged
+            }
+            span_lock_.unlock();
             enforce_retention();
             return release_report{release_state::complete, 0, 0};
         }
-        span->state = pool_detail::span_state::leaving;
-        span->owner.store(pool_detail::none, std::memory_order_relaxed);
-        owner->lock.unlock();
-        const allocation<device_type> memory = span->upstream;
-        map_erase(device_type::to_wire(memory.address));
+        piece.state = pool_detail::span_state::leaving;
+        span_lock_.unlock();
+        const allocation<device_type> memory = piece.segment;
+        map_erase(piece.base);
         auto report = upstream_.release(memory);
         upstream_releases_.fetch_add(1, std::memory_order_relaxed);
         held_bytes_.fetch_sub(memory.size, std::memory_order_relaxed);
-        free_span_index(span->index);
+        free_span_index(piece.index);
         if (!report.has_value()) {
             // The upstream kept it; to the engine the allocation is gone all the same.
             return release_report{release_state::quarantined, 0, memory.size};
@@ -891,33 +992,62 @@ private:
         return report;
     }
 
-    std::uint64_t give_back_cached_spans(std::uint64_t wanted) {
+    // Under span_lock_, a piece no longer live: merges it with a free neighbour on either side
+    // (the lower piece's record survives, so a segment's first piece keeps its record for the
+    // segment's life) and lists what results.
+    void put_back_piece(span_type& piece) noexcept {
+        if (piece.higher != pool_detail::none && spans_[piece.higher].state == pool_detail::span_state::free) {
+            absorb_higher(piece);
+        }
+        span_type* survivor = &piece;
+        if (piece.lower != pool_detail::none && spans_[piece.lower].state == pool_detail::span_state::free) {
+            survivor = &spans_[piece.lower];
+            unlist_free_piece(*survivor);
+            absorb_higher(*survivor);
+        }
+        list_free_piece(*survivor);
+    }
+    // `piece` takes in the piece above it, which leaves any free list; its record is freed.
+    void absorb_higher(span_type& piece) noexcept {
+        span_type& above = spans_[piece.higher];
+        if (above.state == pool_detail::span_state::free) {
+            unlist_free_piece(above);
+        }
+        piece.bytes += above.bytes;
+        piece.higher = above.higher;
+        if (above.higher != pool_detail::none) {
+            spans_[above.higher].lower = piece.index;
+        }
+        above.lower = above.higher = pool_detail::none;
+        free_span_index(above.index);
+    }
+
+    // Gives idle segments (one free piece each) back to the upstream, largest bins first.
+    std::uint64_t give_back_idle_segments(std::uint64_t wanted) {
         std::uint64_t given = 0;
         std::uint32_t leaving = pool_detail::none;
-        for (pool_detail::shard& shard : shards_) {
-            if (given >= wanted) {
-                break;
-            }
-            std::lock_guard lock(shard.lock);
+        {
+            std::lock_guard lock(span_lock_);
             for (std::uint32_t bin = pool_classes::bin_count; bin-- > 0 && given < wanted;) {
-                while (shard.cached[bin] != pool_detail::none && given < wanted) {
-                    span_type& span = spans_[shard.cached[bin]];
-                    shard.cached[bin] = span.next;
-                    shard.cached_bytes.fetch_sub(span.upstream.size, std::memory_order_relaxed);
-                    span.state = pool_detail::span_state::leaving;
-                    span.owner.store(pool_detail::none, std::memory_order_relaxed);
-                    span.next = leaving;
-                    leaving = span.index;
-                    given += span.upstream.size;
+                for (std::uint32_t at = free_pieces_[bin]; at != pool_detail::none && given < wanted;) {
+                    span_type& piece = spans_[at];
+                    at = piece.next;
+                    if (piece.lower == pool_detail::none && piece.higher == pool_detail::none) {
+                        unlist_free_piece(piece);
+                        piece.state = pool_detail::span_state::leaving;
+                        piece.next = leaving;
+                        leaving = piece.index;
+                        given += piece.bytes;
+                    }
                 }
             }
         }
         while (leaving != pool_detail::none) {
-            span_type& span = spans_[leaving];
-            leaving = span.next;
-            map_erase(device_type::to_wire(span.upstream.address));
-            give_back_upstream(span.upstream);
-            free_span_index(span.index);
+            span_type& piece = spans_[leaving];
+            leaving = piece.next;
+            map_erase(piece.base);
+            give_back_upstream(piece.segment);
+            free_span_index(piece.index);
         }
         return given;
     }
@@ -927,6 +1057,7 @@ private:
         if (free_spans_ != pool_detail::none) {
             const std::uint32_t index = free_spans_;
             free_spans_ = spans_[index].next;
+            spans_[index].next = pool_detail::none;
             return index;
         }
         if (next_span_ >= span_directory::capacity) {
@@ -940,7 +1071,7 @@ private:
         spans_[next_span_].index = static_cast<std::uint32_t>(next_span_);
         return static_cast<std::uint32_t>(next_span_++);
     }
-    // A span whose ids are spent keeps its index for good.
+    // A record whose ids are spent keeps its index for good.
     void free_span_index(std::uint32_t index) noexcept {
         std::lock_guard lock(pool_mutex_);
         span_type& span = spans_[index];
@@ -958,10 +1089,8 @@ private:
         if (options_.retain_limit_bytes == std::numeric_limits<std::uint64_t>::max()) [[likely]] {
             return;
         }
-        std::uint64_t reclaimable = free_slab_bytes_.load(std::memory_order_relaxed);
-        for (const pool_detail::shard& shard : shards_) {
-            reclaimable += shard.cached_bytes.load(std::memory_order_relaxed);
-        }
+        const std::uint64_t reclaimable = free_slab_bytes_.load(std::memory_order_relaxed) +
+                                          free_piece_bytes_.load(std::memory_order_relaxed);
         if (reclaimable > options_.retain_limit_bytes) {
             trim(options_.retain_limit_bytes);
         }
@@ -1009,19 +1138,20 @@ private:
             return std::nullopt;
         }
         if (range.span) {
-            span_type& span = spans_[range.index];
-            pool_detail::shard* owner = lock_owner(span);
-            if (owner == nullptr) {
-                return std::nullopt;
+            // The segment's pieces, from its first, in address order.
+            std::lock_guard lock(span_lock_);
+            for (std::uint32_t at = range.index; at != pool_detail::none; at = spans_[at].higher) {
+                const span_type& piece = spans_[at];
+                if (piece.base == wire) {
+                    if (piece.state != pool_detail::span_state::live) {
+                        break;
+                    }
+                    return allocation<device_type>{device_type::from_wire(wire), piece.requested_bytes, piece.alignment,
+                                                   pool_detail::span_id(piece.generation, piece.index),
+                                                   piece.segment.mechanism_id, device_};
+                }
             }
-            std::optional<allocation<device_type>> found;
-            if (span.state == pool_detail::span_state::live && device_type::to_wire(span.upstream.address) == wire) {
-                found = allocation<device_type>{span.upstream.address, span.requested_bytes, span.alignment,
-                                                pool_detail::span_id(span.generation, span.index),
-                                                span.upstream.mechanism_id, device_};
-            }
-            owner->lock.unlock();
-            return found;
+            return std::nullopt;
         }
         const std::uint64_t chunk_index = reservation_.has_value() ? (wire - begin) / chunk_bytes_ : range.index;
         const std::uint64_t chunk_base = reservation_.has_value() ? begin + chunk_index * chunk_bytes_ : begin;
@@ -1166,6 +1296,17 @@ private:
     std::uint32_t free_spans_ = pool_detail::none;
     std::uint64_t next_chunk_ = 0;
     std::uint64_t next_span_ = 0;
+
+    // The span pieces' records, free lists by bin and figures, behind span_lock_ (taken before
+    // pool_mutex_, never after; never held across an upstream call).
+    static constexpr std::uint32_t free_bin_words = pool_classes::bin_count / 64;
+    mutable nxmem::detail::spin_lock span_lock_;
+    std::array<std::uint32_t, pool_classes::bin_count> free_pieces_ = all_none<pool_classes::bin_count>();
+    std::array<std::uint64_t, free_bin_words> free_bins_{}; // bit b: free_pieces_[b] lists a piece
+    std::uint64_t span_live_allocations_ = 0;
+    std::uint64_t span_in_use_bytes_ = 0;     // requested
+    std::uint64_t span_handed_out_bytes_ = 0; // whole pieces
+    std::atomic<std::uint64_t> free_piece_bytes_{0}; // read unlocked by the retention check
 
     std::map<std::uint64_t, mapped_range> ranges_;
     mutable std::array<padded_lock, pool_detail::shard_count> readers_;

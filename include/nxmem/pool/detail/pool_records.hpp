@@ -74,19 +74,25 @@ struct alignas(64) slab {
     std::unique_ptr<block_record[]> records;
 };
 
-enum class span_state : std::uint8_t { unused, live, cached, leaving };
+enum class span_state : std::uint8_t { unused, live, free, spent, leaving };
 
-// A large allocation of its own from the upstream (cached by size when released) or a pass-through.
+// A piece of a span segment (one upstream allocation, or a pass-through): live, free (listed by
+// size bin), or spent (its ids used up: never handed out again nor merged). Its neighbours in
+// the segment, by address, are `lower` and `higher`. Guarded by the pool's span lock.
 template <class D> struct alignas(64) span_record {
-    std::atomic<std::uint32_t> owner{none};
     std::uint32_t index = 0;
     std::uint32_t generation = 0;
-    std::uint32_t next = none; // in its shard's bin, in the pool's free index list, or a trim's list
+    std::uint32_t next = none;     // in its bin's free list, the pool's free index list, or a trim's list
+    std::uint32_t previous = none; // in its bin's free list
+    std::uint32_t lower = none;    // the piece just below it in its segment; none for the first
+    std::uint32_t higher = none;   // the piece just above it; none for the last
     span_state state = span_state::unused;
     bool pass_through = false;
+    std::uint64_t base = 0;  // wire address
+    std::uint64_t bytes = 0; // the piece's, a multiple of the pool's granule
     std::uint64_t requested_bytes = 0;
     std::uint64_t alignment = 0;
-    allocation<D> upstream{};
+    allocation<D> segment{}; // the upstream allocation it is part of
 };
 
 // A chunk: one upstream allocation (or one committed range of the reservation) of slabs.
@@ -103,14 +109,11 @@ struct alignas(64) shard {
     nxmem::detail::spin_lock lock;
     std::array<slab*, pool_classes::small_class_count> current{};
     std::array<std::uint32_t, pool_classes::small_class_count> partial;
-    std::array<std::uint32_t, pool_classes::bin_count> cached;
     std::uint64_t live_allocations = 0;
     std::uint64_t in_use_bytes = 0;     // requested
-    std::uint64_t handed_out_bytes = 0; // blocks and spans
-    std::atomic<std::uint64_t> cached_bytes{0}; // read unlocked by the retention check
+    std::uint64_t handed_out_bytes = 0; // blocks
     shard() noexcept {
         partial.fill(none);
-        cached.fill(none);
     }
 };
 
