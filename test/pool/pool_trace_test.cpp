@@ -230,11 +230,12 @@ TEST_CASE("the transformer trace: peak held at most 1.6x peak live, no upstream 
         std::istringstream fields(line);
         char kind = 0;
         event next{false, 0, 0};
-        fields >> kind >> next.id;
+        fields >> kind; // bench/traces/README.md: "a SIZE ID" or "f ID"
         next.allocate = kind == 'a';
         if (next.allocate) {
             fields >> next.size;
         }
+        fields >> next.id;
         REQUIRE(fields);
         ids = std::max(ids, next.id + 1);
         events.push_back(next);
