@@ -21,6 +21,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace {
 
 using nxmem::allocator_usage;
@@ -78,7 +81,10 @@ struct legacy_1_0_mechanism : eager_mechanism {
 };
 
 // Virtual backing, shared mapping, deferred and structured release. Memory is taken eagerly from
-// the heap; what is tracked is what a real lazy mechanism would have mapped, page by page.
+// the heap in whole pages; what is tracked is what a real lazy mechanism would have mapped, page by
+// page. What the operating system can see is real, so the conformance suite's model check can ask
+// it: a decommitted page is given back (MADV_DONTNEED), and a shared prefix is a memfd mapped over
+// the first pages of each allocation that maps it (the heap's pages are restored on release).
 struct lazy_mechanism {
     static constexpr const char* name = "lazy";
     static constexpr std::uint64_t mechanism_id = 3;
@@ -89,20 +95,18 @@ struct lazy_mechanism {
     }
 
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
-        NXMEM_TRY(address, take_host_memory(size, alignment));
+        const std::uint64_t alignment_taken = std::max(alignment, page_bytes);
+        NXMEM_TRY(address, take_host_memory(whole_pages(size), alignment_taken));
         std::lock_guard lock(mutex_);
-        live_[address] = state{size, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
+        live_[address] = state{size, alignment_taken, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
         return block{address, size, 0};
     }
     result<void> deallocate(const allocation_record& record) {
-        unmap_all(record);
-        give_back_host_memory(record);
+        give_back(record);
         return boost::outcome_v2::success();
     }
     result<release_outcome> release_allocation(const allocation_record& record) {
-        const std::uint64_t unmapped = unmap_all(record);
-        give_back_host_memory(record);
-        return release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
+        return release_outcome{NXMEM_RELEASE_COMPLETE, give_back(record), 0};
     }
     result<std::optional<release_outcome>> retire(const allocation_record& record) {
         return nxmem::posix::retired_now(release_allocation(record));
@@ -122,17 +126,34 @@ struct lazy_mechanism {
     }
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
+        const int descriptor = ::memfd_create("nxmem-testplugin-prefix", MFD_CLOEXEC);
+        if (descriptor < 0) {
+            return fail(status_code::out_of_memory, "memfd_create failed");
+        }
+        if (::ftruncate(descriptor, static_cast<off_t>(whole_pages(size))) != 0) {
+            ::close(descriptor);
+            return fail(status_code::out_of_memory, "ftruncate of the prefix's memfd failed");
+        }
         std::lock_guard lock(mutex_);
         const std::uint64_t id = ++last_prefix_id_;
-        prefixes_[id] = prefix{size, 0, false};
+        prefixes_[id] = prefix{size, 0, false, descriptor};
         return id;
     }
     result<prefix_commit> commit_shared_prefix(const allocation_record& record,
                                                std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
         prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
+        state& live = live_.at(record.address);
+        if (!live.prefixes.empty()) {
+            return fail(status_code::invalid_argument, "lazy maps one prefix per allocation");
+        }
+        void* mapped = ::mmap(reinterpret_cast<void*>(record.address), whole_pages(found.size),
+                              PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, found.descriptor, 0);
+        if (mapped == MAP_FAILED) {
+            return fail(status_code::out_of_memory, "mapping the prefix failed");
+        }
         ++found.sharers;
-        live_.at(record.address).prefixes.push_back(prefix_id);
+        live.prefixes.push_back(prefix_id);
         // The prefix's bytes are costed once in its lifetime (ABI C8): only its first mapping
         // ever maps new memory, not a first one again after every sharer went.
         const bool first = !found.ever_mapped;
@@ -141,7 +162,9 @@ struct lazy_mechanism {
     }
     void destroy_shared_prefix(std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
-        prefixes_.erase(prefix_id);
+        auto found = prefixes_.find(prefix_id);
+        ::close(found->second.descriptor);
+        prefixes_.erase(found);
     }
 
     result<allocator_usage> usage() {
@@ -161,6 +184,7 @@ struct lazy_mechanism {
 private:
     struct state {
         std::uint64_t size;
+        std::uint64_t alignment; // as taken from the heap
         std::vector<bool> pages;
         std::vector<std::uint64_t> prefixes;
     };
@@ -168,7 +192,12 @@ private:
         std::uint64_t size;
         std::uint64_t sharers;
         bool ever_mapped;
+        int descriptor;
     };
+
+    static std::uint64_t whole_pages(std::uint64_t size) {
+        return (size + page_bytes - 1) / page_bytes * page_bytes;
+    }
 
     static std::uint64_t committed_bytes(const state& live) {
         std::uint64_t bytes = 0;
@@ -188,23 +217,39 @@ private:
                             std::to_string(range.offset) + ", length " + std::to_string(range.length));
         }
         std::lock_guard lock(mutex_);
-        std::vector<bool>& pages = live_.at(record.address).pages;
+        state& live = live_.at(record.address);
+        std::uint64_t shared_end = 0; // pages under a mapped prefix are the prefix's
+        for (std::uint64_t prefix_id : live.prefixes) {
+            shared_end = std::max(shared_end, whole_pages(prefixes_.at(prefix_id).size));
+        }
         for (std::uint64_t page = range.offset / page_bytes;
              page * page_bytes < range.offset + range.length; ++page) {
-            pages[page] = mapped;
+            live.pages[page] = mapped;
+            if (!mapped && page * page_bytes >= shared_end) {
+                ::madvise(reinterpret_cast<void*>(record.address + page * page_bytes), page_bytes, MADV_DONTNEED);
+            }
         }
         return boost::outcome_v2::success();
     }
 
-    // Undoes an allocation's mappings; returns what it had mapped.
-    std::uint64_t unmap_all(const allocation_record& record) {
-        std::lock_guard lock(mutex_);
-        auto found = live_.find(record.address);
-        const std::uint64_t bytes = committed_bytes(found->second);
-        for (std::uint64_t prefix_id : found->second.prefixes) {
-            --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
+    // Undoes an allocation's mappings, restores the heap's pages and gives them back; returns
+    // what it had mapped.
+    std::uint64_t give_back(const allocation_record& record) {
+        std::uint64_t bytes = 0;
+        std::uint64_t alignment = 0;
+        {
+            std::lock_guard lock(mutex_);
+            auto found = live_.find(record.address);
+            bytes = committed_bytes(found->second);
+            alignment = found->second.alignment;
+            for (std::uint64_t prefix_id : found->second.prefixes) {
+                --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
+                ::mmap(reinterpret_cast<void*>(record.address), whole_pages(prefixes_.at(prefix_id).size),
+                       PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            }
+            live_.erase(found);
         }
-        live_.erase(found);
+        ::operator delete(reinterpret_cast<void*>(record.address), std::align_val_t{alignment});
         return bytes;
     }
 
