@@ -34,7 +34,8 @@ TEST_CASE("each planted slip fails model.sequences, naming the step and the figu
     const expectation slip = GENERATE(
         expectation{"usage-skips-queued", {"model.sequences"}, "NxmemAllocatorUsage.live_allocations"},
         expectation{"private-prefix", {"model.sequences"}, "each sharer got a copy"},
-        expectation{"coarse-alignment", {"model.sequences"}, "not a non-zero multiple of the alignment"},
+        // The address may fall aligned by chance; then the release or mapped_bytes is blamed.
+        expectation{"coarse-alignment", {"model.sequences"}, "(allocate)"},
         expectation{"short-request-accepted", {"model.sequences"}, "NxmemAllocation of struct_size"},
         expectation{"shared-totals", {"model.sequences"}, "NxmemAllocatorUsage."},
         expectation{"miscounted-drain", {"model.sequences"}, "*retired"},

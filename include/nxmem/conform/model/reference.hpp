@@ -158,8 +158,9 @@ struct reference_model {
         }
         for (const prefix_state& prefix : allocator.prefixes) {
             if (prefix.alive()) {
-                usage.shared_prefix_bytes +=
-                    figure{prefix.handle.size, round_up(prefix.handle.size, page)};
+                // By its bytes, or by the whole pages or granules it holds (Q17).
+                usage.shared_prefix_bytes += figure{
+                    prefix.handle.size, round_up(prefix.handle.size, std::max(page, allocator.granularity))};
             }
         }
         usage.quarantined_bytes = figure{0, allocator.quarantined};
