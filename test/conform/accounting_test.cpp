@@ -54,6 +54,9 @@ TEST_CASE("each broken accounting mechanism fails exactly the check of the rule 
     INFO(failures_of(results));
     CHECK(failed_ids(results) == broken.failures);
     for (const std::string& id : broken.failures) {
+        if (id == "model.sequences") {
+            continue; // names the figure in its own words (test/conform/model_test.cpp)
+        }
         const conform::check_result& failure = result_of(results, id);
         CHECK_THAT(failure.expected + " " + failure.actual, Catch::Contains(broken.failure_names));
     }
