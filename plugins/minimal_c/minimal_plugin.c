@@ -201,6 +201,11 @@ static NxmemStatusCode minimal_open_allocator(NxmemAllocatorFactoryVtable *self,
     if (code != NXMEM_STATUS_OK) {
         return code;
     }
+    if (request->device.index < 0) { /* names no device (ABI Q16) */
+        return nxmem_report(status, NXMEM_STATUS_WRONG_DEVICE,
+                            "open_allocator: minimal-c cannot open device index %d",
+                            (int)request->device.index);
+    }
     if (request->options_length != 0) {
         /* A mechanism refuses what it does not understand; this one understands no option. */
         const int shown = request->options_length > 64 ? 64 : (int)request->options_length;

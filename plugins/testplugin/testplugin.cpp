@@ -21,6 +21,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace {
 
 using nxmem::allocator_usage;
@@ -78,76 +81,194 @@ struct legacy_1_0_mechanism : eager_mechanism {
 };
 
 // Virtual backing, shared mapping, deferred and structured release. Memory is taken eagerly from
-// the heap; what is tracked is what a real lazy mechanism would have mapped, granule by granule,
-// with the kit's blocks: committed_granules for G3 and the cost, the kit's prefix bookkeeping for
-// C8, its live counts for usage(), retirement through release_allocation.
+// the heap in whole pages; what is tracked is what a real lazy mechanism would have mapped, page by
+// page. What the operating system can see is real, so the conformance suite's model check can ask
+// it: a decommitted page is given back (MADV_DONTNEED), and a shared prefix is a memfd mapped over
+// the first pages of each allocation that maps it (the heap's pages are restored on release).
 struct lazy_mechanism {
     static constexpr const char* name = "lazy";
     static constexpr std::uint64_t mechanism_id = 3;
     static constexpr std::uint64_t device_types = cpu_and_cuda;
-    static constexpr bool retires_through_release_allocation = true;
 
     static result<std::unique_ptr<lazy_mechanism>> open(open_context&) {
         return std::make_unique<lazy_mechanism>();
     }
 
     result<block> allocate(std::uint64_t size, std::uint64_t alignment) {
-        NXMEM_TRY(address, take_host_memory(size, alignment));
-        reserved_bytes_.fetch_add(size);
+        const std::uint64_t alignment_taken = std::max(alignment, page_bytes);
+        // Out of memory at any point gives back what was taken (nxmem conform --oom).
+        state fresh{size, alignment_taken, std::vector<bool>((size + page_bytes - 1) / page_bytes), {}};
+        NXMEM_TRY(address, take_host_memory(whole_pages(size), alignment_taken));
+        try {
+            std::lock_guard lock(mutex_);
+            live_.insert_or_assign(address, std::move(fresh));
+        } catch (...) {
+            ::operator delete(reinterpret_cast<void*>(address), std::align_val_t{alignment_taken});
+            throw;
+        }
         return block{address, size, 0};
     }
+    result<void> deallocate(const allocation_record& record) {
+        give_back(record);
+        return boost::outcome_v2::success();
+    }
     result<release_outcome> release_allocation(const allocation_record& record) {
-        const std::uint64_t unmapped = granules_.forget(record.address);
-        reserved_bytes_.fetch_sub(record.size);
-        give_back_host_memory(record);
-        return release_outcome{NXMEM_RELEASE_COMPLETE, unmapped, 0};
+        return release_outcome{NXMEM_RELEASE_COMPLETE, give_back(record), 0};
+    }
+    result<std::optional<release_outcome>> retire(const allocation_record& record) {
+        return nxmem::posix::retired_now(release_allocation(record));
     }
 
     // Ranges are page-granular: the offset is page-aligned, the length a page multiple or the rest.
     std::uint64_t commit_granularity() const noexcept { return page_bytes; }
     result<void> commit(const allocation_record& record, byte_range range) {
-        return granules_.commit(record, range);
+        return set_pages(record, range, true);
     }
     result<void> decommit(const allocation_record& record, byte_range range) {
-        return granules_.decommit(record, range);
+        return set_pages(record, range, false);
     }
     result<std::uint64_t> mapped_bytes(const allocation_record& record) {
-        return granules_.mapped_bytes(record.address);
+        std::lock_guard lock(mutex_);
+        return committed_bytes(live_.at(record.address));
     }
 
     result<std::uint64_t> create_shared_prefix(std::uint64_t size) {
+        const int descriptor = ::memfd_create("nxmem-testplugin-prefix", MFD_CLOEXEC);
+        if (descriptor < 0) {
+            return fail(status_code::out_of_memory, "memfd_create failed");
+        }
+        if (::ftruncate(descriptor, static_cast<off_t>(whole_pages(size))) != 0) {
+            ::close(descriptor);
+            return fail(status_code::out_of_memory, "ftruncate of the prefix's memfd failed");
+        }
         std::lock_guard lock(mutex_);
         const std::uint64_t id = ++last_prefix_id_;
-        prefix_sizes_[id] = size;
+        prefixes_[id] = prefix{size, 0, false, descriptor};
         return id;
     }
-    // The kit answers shared_bytes, newly_mapped_bytes and sharers (C8).
-    result<void> commit_shared_prefix(const allocation_record& record, std::uint64_t prefix_id) {
-        std::uint64_t size = 0;
-        {
-            std::lock_guard lock(mutex_);
-            size = prefix_sizes_.at(prefix_id); // the kit has checked the id is live
+    result<prefix_commit> commit_shared_prefix(const allocation_record& record,
+                                               std::uint64_t prefix_id) {
+        std::lock_guard lock(mutex_);
+        prefix& found = prefixes_.at(prefix_id); // the kit has checked the id is live
+        state& live = live_.at(record.address);
+        if (!live.prefixes.empty()) {
+            return fail(status_code::invalid_argument, "lazy maps one prefix per allocation");
         }
-        (void)granules_.map_prefix(record.address, record.size, size);
-        return nxmem::success();
+        void* mapped = ::mmap(reinterpret_cast<void*>(record.address), whole_pages(found.size),
+                              PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, found.descriptor, 0);
+        if (mapped == MAP_FAILED) {
+            return fail(status_code::out_of_memory, "mapping the prefix failed");
+        }
+        ++found.sharers;
+        live.prefixes.push_back(prefix_id);
+        // The prefix's bytes are costed once in its lifetime (ABI C8): only its first mapping
+        // ever maps new memory, not a first one again after every sharer went.
+        const bool first = !found.ever_mapped;
+        found.ever_mapped = true;
+        return prefix_commit{found.size, first ? whole_pages(found.size) : 0, found.sharers}; // C8a
     }
     void destroy_shared_prefix(std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
-        prefix_sizes_.erase(prefix_id);
+        auto found = prefixes_.find(prefix_id);
+        ::close(found->second.descriptor);
+        prefixes_.erase(found);
     }
 
-    // The kit counts live allocations and prefix bytes; this adds reserved and mapped bytes.
-    result<allocator_usage> usage(allocator_usage counted) const {
-        counted.reserved_bytes = reserved_bytes_.load();
-        counted.mapped_bytes = granules_.total_mapped_bytes();
-        return counted;
+    result<allocator_usage> usage() {
+        std::lock_guard lock(mutex_);
+        allocator_usage totals;
+        for (const auto& [address, live] : live_) {
+            ++totals.live_allocations;
+            totals.reserved_bytes += live.size;
+            totals.mapped_bytes += committed_bytes(live);
+        }
+        for (const auto& [prefix_id, shared] : prefixes_) {
+            totals.shared_prefix_bytes += whole_pages(shared.size); // C8a
+        }
+        return totals;
     }
 
 private:
-    nxmem::plugin::committed_granules granules_{page_bytes};
-    std::atomic<std::uint64_t> reserved_bytes_{0};
+    struct state {
+        std::uint64_t size;
+        std::uint64_t alignment; // as taken from the heap
+        std::vector<bool> pages;
+        std::vector<std::uint64_t> prefixes;
+    };
+    struct prefix {
+        std::uint64_t size;
+        std::uint64_t sharers;
+        bool ever_mapped;
+        int descriptor;
+    };
+
+    static std::uint64_t whole_pages(std::uint64_t size) {
+        return (size + page_bytes - 1) / page_bytes * page_bytes;
+    }
+
+    // What an allocation costs (Q17), less the pages under a mapped prefix: those are the
+    // prefix's (C8a). Called with mutex_ held.
+    std::uint64_t committed_bytes(const state& live) const {
+        std::uint64_t shared_end = 0;
+        for (std::uint64_t prefix_id : live.prefixes) {
+            shared_end = std::max(shared_end, whole_pages(prefixes_.at(prefix_id).size));
+        }
+        std::uint64_t bytes = 0;
+        for (std::size_t page = 0; page < live.pages.size(); ++page) {
+            if (live.pages[page] && page * page_bytes >= shared_end) {
+                bytes += std::min(page_bytes, live.size - page * page_bytes);
+            }
+        }
+        return bytes;
+    }
+
+    result<void> set_pages(const allocation_record& record, byte_range range, bool mapped) {
+        if (range.offset % page_bytes != 0 ||
+            (range.length % page_bytes != 0 && range.offset + range.length != record.size)) {
+            return fail(status_code::invalid_argument,
+                        "ranges are page-granular (4096 bytes): offset " +
+                            std::to_string(range.offset) + ", length " + std::to_string(range.length));
+        }
+        std::lock_guard lock(mutex_);
+        state& live = live_.at(record.address);
+        std::uint64_t shared_end = 0; // pages under a mapped prefix are the prefix's
+        for (std::uint64_t prefix_id : live.prefixes) {
+            shared_end = std::max(shared_end, whole_pages(prefixes_.at(prefix_id).size));
+        }
+        for (std::uint64_t page = range.offset / page_bytes;
+             page * page_bytes < range.offset + range.length; ++page) {
+            live.pages[page] = mapped;
+            if (!mapped && page * page_bytes >= shared_end) {
+                ::madvise(reinterpret_cast<void*>(record.address + page * page_bytes), page_bytes, MADV_DONTNEED);
+            }
+        }
+        return boost::outcome_v2::success();
+    }
+
+    // Undoes an allocation's mappings, restores the heap's pages and gives them back; returns
+    // what it had mapped.
+    std::uint64_t give_back(const allocation_record& record) {
+        std::uint64_t bytes = 0;
+        std::uint64_t alignment = 0;
+        {
+            std::lock_guard lock(mutex_);
+            auto found = live_.find(record.address);
+            bytes = committed_bytes(found->second);
+            alignment = found->second.alignment;
+            for (std::uint64_t prefix_id : found->second.prefixes) {
+                --prefixes_.at(prefix_id).sharers; // the kit drops the mapping's reference after
+                ::mmap(reinterpret_cast<void*>(record.address), whole_pages(prefixes_.at(prefix_id).size),
+                       PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            }
+            live_.erase(found);
+        }
+        ::operator delete(reinterpret_cast<void*>(record.address), std::align_val_t{alignment});
+        return bytes;
+    }
+
     std::mutex mutex_;
-    std::map<std::uint64_t, std::uint64_t> prefix_sizes_;
+    std::unordered_map<std::uint64_t, state> live_;
+    std::map<std::uint64_t, prefix> prefixes_;
     std::uint64_t last_prefix_id_ = 0;
 };
 

@@ -5,6 +5,7 @@
 NXMEM_DEB_PACKAGES=(
   meson ninja-build g++ gcc clang pkg-config cmake
   libboost-dev librange-v3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev
+  librapidcheck-dev # the conformance suite's model check (include/nxmem/conform/model/)
   libclang-rt-14-dev abigail-tools
   librapidcheck-dev # property tests (test/pool)
   valgrind # the instruction budgets (test/perf): callgrind

@@ -43,9 +43,10 @@ TEST_CASE("each broken accounting mechanism fails exactly the check of the rule 
         expectation{"reserving", {}, ""},
         expectation{"index-zero-only", {}, ""},
         // Both checks that commit whole allocations of any size before writing them.
-        expectation{"strict-commit", {"allocation.writable", "concurrency.threads"}, "INVALID_ARGUMENT"},
-        expectation{"result-overstated", {"accounting.result_mapped"}, "mapped_bytes"},
-        expectation{"credit-requested", {"accounting.release_credit"}, "credit"},
+        // model.sequences (issue 23) catches the first three as well.
+        expectation{"strict-commit", {"allocation.writable", "concurrency.threads", "model.sequences"}, "INVALID_ARGUMENT"},
+        expectation{"result-overstated", {"accounting.result_mapped", "model.sequences"}, "mapped_bytes"},
+        expectation{"credit-requested", {"accounting.release_credit", "model.sequences"}, "credit"},
         expectation{"leaky-mappings", {"accounting.cycles"}, "address space"});
     INFO("mechanism " << broken.mechanism);
     const auto results = conform::run_mechanism_checks(broken_accounting_path(), broken.mechanism,
@@ -53,6 +54,9 @@ TEST_CASE("each broken accounting mechanism fails exactly the check of the rule 
     INFO(failures_of(results));
     CHECK(failed_ids(results) == broken.failures);
     for (const std::string& id : broken.failures) {
+        if (id == "model.sequences") {
+            continue; // names the figure in its own words (test/conform/model_test.cpp)
+        }
         const conform::check_result& failure = result_of(results, id);
         CHECK_THAT(failure.expected + " " + failure.actual, Catch::Contains(broken.failure_names));
     }

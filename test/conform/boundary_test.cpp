@@ -65,7 +65,11 @@ TEST_CASE("each boundary fault fails exactly its check, naming where it wrote", 
                 "at offset 8 of an output of size 8 (past its end)"});
     INFO("fault " << variant.fault);
     const auto results = check_all(broken_plugin(variant.fault));
-    CHECK(failed_ids(results) == std::set<std::string>{variant.check});
+    std::set<std::string> expected{variant.check};
+    if (std::string(variant.fault) == "output_ignores_size") {
+        expected.insert("model.sequences"); // its outputs too short are written too (Q7)
+    }
+    CHECK(failed_ids(results) == expected);
     const conform::check_result& found = result_of(results, variant.check);
     CHECK_THAT(found.actual, Catch::Contains(variant.named));
 }

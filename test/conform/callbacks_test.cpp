@@ -39,6 +39,7 @@ using test::result_of;
 conform::suite_options quick_options() {
     conform::suite_options options;
     options.reentry_wait_ms = 1000;
+    options.model_steps = 0; // model.sequences has its own fixtures (model_test.cpp)
     return options;
 }
 

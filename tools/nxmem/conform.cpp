@@ -5,6 +5,7 @@
 #include "conform_run.hpp"
 #include "plugin_paths.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -24,6 +25,8 @@ struct conform_options {
     unsigned timeout_seconds = 300;
     std::string mechanism_options;
     bool oom = false;
+    std::uint64_t model_seed = 1;    // model.sequences (--seed)
+    unsigned model_steps = 5000;     // model.sequences (--steps)
 };
 
 int run_conform(const conform_options& options) {
@@ -55,6 +58,8 @@ int run_conform(const conform_options& options) {
         }
         request.timeout_seconds = options.timeout_seconds;
         request.mechanism_options = options.mechanism_options;
+        request.model_seed = options.model_seed;
+        request.model_steps = options.model_steps;
         runs.push_back(options.oom ? run_oom(request) : run_conformance(request));
     }
 
@@ -139,6 +144,14 @@ subcommand add_conform(CLI::App& parent) {
                       "Instead of the checks, fail each allocation the plugin makes in the "
                       "standard sequence, one per child process, and require a clean refusal "
                       "each time (docs/CONFORMANCE.md, \"Out of memory in the plugin\")");
+    conform->add_option("--seed", options->model_seed,
+                        "Seed of model.sequences' random operation sequences (default 1); a failure "
+                        "names the seed and steps that replay it")
+        ->type_name("N");
+    conform->add_option("--steps", options->model_steps,
+                        "About how many operations model.sequences runs per mechanism (default "
+                        "5000; 0 skips it)")
+        ->type_name("N");
     conform->add_option("--timeout", options->timeout_seconds,
                         "Seconds one mechanism's checks may take before they count as hung "
                         "(default 300)")

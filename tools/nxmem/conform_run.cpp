@@ -134,6 +134,8 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
             };
             conform::suite_options options;
             options.mechanism_options = request.mechanism_options;
+            options.model_seed = request.model_seed;
+            options.model_steps = request.model_steps;
             (void)conform::run_mechanism_checks(request.path, name, device, options, hooks);
         },
         request.timeout_seconds);

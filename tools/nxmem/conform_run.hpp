@@ -5,6 +5,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/device.hpp>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ struct conform_request {
     std::optional<device_id> device;      // instead of each mechanism's default
     unsigned timeout_seconds = 300;       // per mechanism
     std::string mechanism_options;        // key=value open options for every mechanism (--options)
+    std::uint64_t model_seed = 1;         // model.sequences (--seed)
+    unsigned model_steps = 5000;          // model.sequences (--steps)
 };
 
 struct listed_mechanism {

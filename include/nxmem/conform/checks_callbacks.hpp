@@ -11,6 +11,7 @@
 #include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/subject.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -178,10 +179,18 @@ struct check_callbacks_completion_reentry {
         std::vector<std::uint64_t> retired;
         std::optional<detail::raw_slots> slots;
         std::atomic<bool> inside{false};
+        std::atomic<bool> draining{false}; // inside the suite's own drain_releases call
+        std::optional<std::uint64_t> twice; // a ticket retired a second time
         callbacks.on_completed = [&](const NxmemReleaseCompletion& completion) {
             {
                 std::lock_guard lock(retired_mutex);
+                if (std::find(retired.begin(), retired.end(), completion.ticket) != retired.end() && !twice) {
+                    twice = completion.ticket;
+                }
                 retired.push_back(completion.ticket);
+            }
+            if (!draining) {
+                return; // delivered outside a drain (inside enqueue_release, D7): only counted
             }
             if (inside.exchange(true)) {
                 return; // a completion delivered by a re-entering call: only counted
@@ -229,14 +238,22 @@ struct check_callbacks_completion_reentry {
              ++attempt) {
             steps.at("drain_releases (attempt " + std::to_string(attempt + 1) + ")");
             std::uint64_t count = 0;
+            draining = true;
             const detail::slot_reply drained = slots->drain_releases(count);
+            draining = false;
             finish_all(pending);
             if (!drained.ok()) {
                 return failed("drain_releases succeeds", drained.describe());
             }
-            if (!report.clean()) {
+            if (!report.clean() || twice) {
                 break;
             }
+        }
+        if (twice) { // blamed before any re-entry finding: the drain that re-entered was sound
+            return failed("each ticket retired once",
+                          "ticket " + std::to_string(*twice) +
+                              " retired twice: release_completed was called for it again after "
+                              "it had retired (D3, D7)");
         }
         if (!report.clean()) {
             return report.verdict();

@@ -42,6 +42,8 @@ struct suite_options {
     unsigned drain_attempts = 64; // drain_releases calls before queued releases count as stuck
     std::string mechanism_options;     // key=value open options for the mechanism (subject::options)
     unsigned reentry_wait_ms = 5000;   // how long a call re-entering the plugin may take (callbacks.*)
+    std::uint64_t model_seed = 1;      // model.sequences: RapidCheck's seed (`nxmem conform --seed`)
+    unsigned model_steps = 5000;       // model.sequences: about this many operations (`--steps`)
 };
 
 // A loaded module and, when the mechanism opened, an allocator of it on the subject's device.

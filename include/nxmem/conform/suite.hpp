@@ -15,6 +15,7 @@
 #include <nxmem/conform/checks_factories.hpp>
 #include <nxmem/conform/checks_ipc.hpp>
 #include <nxmem/conform/checks_misuse.hpp>
+#include <nxmem/conform/checks_model.hpp>
 #include <nxmem/conform/checks_tables.hpp>
 #include <nxmem/conform/checks_unload.hpp>
 #include <nxmem/conform/step.hpp>
@@ -156,6 +157,9 @@ inline constexpr std::array all_checks{
         requirement::allocation, &check_callbacks_completion_reentry::run},
     check_definition{"callbacks.reclaim_pressure", "request_reclaim under a real budget: re-entered, honoured, refused", "Host callbacks",
         requirement::allocation, &check_callbacks_reclaim_pressure::run},
+    // The reference model against random sequences (checks_model.hpp, model/).
+    check_definition{"model.sequences", "random sequences of every operation agree with the reference model and the OS", "Ownership",
+        requirement::allocation, &check_model_sequences::run},
 };
 // clang-format on
 

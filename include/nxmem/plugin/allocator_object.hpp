@@ -88,6 +88,10 @@ public:
                         std::string(M::name) + " cannot open a device of type " +
                             std::string(device_type_name(device.type)));
         }
+        if (device.index < 0) { // names no device of any type (ABI Q16)
+            return fail(status_code::wrong_device,
+                        std::string(M::name) + " cannot open device index " + std::to_string(device.index));
+        }
         if (request.options_length > 0 && request.options == nullptr) {
             return fail(status_code::invalid_argument, "options_length is set but options is NULL");
         }
@@ -655,11 +659,12 @@ private:
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(request, abi::read_request(raw));
+            // The form of the records first, then identity (ABI M10).
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixHandle>()));
             NXMEM_TRY_VOID(object.check_identity(request.mechanism_id, request.device));
             if (request.size == 0) {
                 return fail(status_code::invalid_argument, "a shared prefix needs a non-zero size");
             }
-            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixHandle>()));
             NXMEM_TRY(prefix_id, object.mechanism_->create_shared_prefix(request.size));
             {
                 std::lock_guard lock(object.prefix_mutex_);
@@ -697,6 +702,8 @@ private:
         return detail::run_slot(status, [&]() -> result<void> {
             allocator_object& object = self(table);
             NXMEM_TRY(request, abi::read_request(raw));
+            // The form of the records first, then identity (ABI M10).
+            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
             NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
                                                  request.allocation.device));
             NXMEM_TRY_VOID(object.check_prefix(request.prefix));
@@ -707,7 +714,6 @@ private:
                                 " bytes does not fit an allocation of " +
                                 std::to_string(record.size));
             }
-            NXMEM_TRY_VOID(abi::write_output(out, abi::make_struct<NxmemSharedPrefixCommitInfo>()));
             const std::uint64_t prefix_id = request.prefix.prefix_id;
             // The registry's room first: once the mechanism has mapped the prefix nothing may fail.
             object.registry_.reserve_prefix(record.address);
