@@ -33,11 +33,11 @@ TEST_CASE("each planted slip fails model.sequences, naming the step and the figu
     };
     const expectation slip = GENERATE(
         expectation{"usage-skips-queued", {"model.sequences"}, "NxmemAllocatorUsage.live_allocations"},
-        expectation{"private-prefix", {"model.sequences"}, "each sharer got a copy"},
+        expectation{"private-prefix", {"capability.ipc", "model.sequences"}, "each sharer got a copy"},
         // The address may fall aligned by chance; then the release or mapped_bytes is blamed.
         expectation{"coarse-alignment", {"model.sequences"}, "(allocate)"},
         expectation{"short-request-accepted", {"model.sequences"}, "NxmemAllocation of struct_size"},
-        expectation{"shared-totals", {"model.sequences"}, "NxmemAllocatorUsage."},
+        expectation{"shared-totals", {"capability.ipc", "model.sequences"}, "NxmemAllocatorUsage."},
         expectation{"miscounted-drain", {"model.sequences"}, "*retired"},
         expectation{"lenient-prefix-retain", {"model.sequences", "capability.shared_mapping"}, "a prefix that is gone"},
         expectation{"clears-short-output", {"model.sequences"}, "too short for its baseline was written"},

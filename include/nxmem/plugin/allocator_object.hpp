@@ -90,7 +90,8 @@ public:
         }
         if (device.index < 0) { // names no device of any type (ABI Q16)
             return fail(status_code::wrong_device,
-                        std::string(M::name) + " cannot open device index " + std::to_string(device.index));
+                        std::string(M::name) + " on " + std::string(device_type_name(device.type)) + ":" +
+                            std::to_string(device.index) + ": no device has a negative index (Q16)");
         }
         if (request.options_length > 0 && request.options == nullptr) {
             return fail(status_code::invalid_argument, "options_length is set but options is NULL");

@@ -985,7 +985,9 @@ private:
             fail("commit_shared_prefix answered " + code_text(code, status));
         }
         const NxmemSharedPrefixCommitInfo info = out.value();
-        const std::uint64_t first_cost = prefix->ever_mapped ? 0 : prefix->handle.size;
+        // C8a: a prefix costs its size in whole commit granules (the page without virtual backing).
+        const std::uint64_t first_cost =
+            prefix->ever_mapped ? 0 : round_up(prefix->handle.size, std::max(page_, allocator->granularity));
         ++prefix->sharers;
         prefix->ever_mapped = true;
         picked->prefix = prefix->serial;
