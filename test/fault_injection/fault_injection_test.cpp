@@ -99,6 +99,14 @@ std::string in_child(const std::function<std::string()>& body) {
     return failure;
 }
 
+// One sweep: the plugin (by the variable naming its path), the mechanism opened, and whether the
+// sweep fails the allocations made while the plugin is loaded (the first mechanism of each plugin).
+struct subject {
+    const char* variable;
+    const char* mechanism;
+    bool fails_load;
+};
+
 } // namespace
 
 TEST_CASE("every host allocation of the sequence can fail: a status, nothing lost, the module "
@@ -108,11 +116,6 @@ TEST_CASE("every host allocation of the sequence can fail: a status, nothing los
     // Loading a plugin makes the same host allocations whichever mechanism is then opened: the
     // first mechanism of each plugin fails them, the others start after them (this halves the
     // children, which matters under AddressSanitizer).
-    struct subject {
-        const char* variable;
-        const char* mechanism;
-        bool fails_load;
-    };
     const subject tried = GENERATE(subject{"NXMEM_TESTPLUGIN", "eager", true},
                                    subject{"NXMEM_TESTPLUGIN", "lazy", false},
                                    subject{"NXMEM_TESTPLUGIN", "legacy-1-0", false},
@@ -128,11 +131,6 @@ TEST_CASE("every host allocation of the sequence can fail: a status, nothing los
 TEST_CASE("every plugin allocation of the sequence can fail",
           "[fault-injection]") {
     fault::learn_runtime_objects();
-    struct subject {
-        const char* variable;
-        const char* mechanism;
-        bool fails_load;
-    };
     const subject tried = GENERATE(subject{"NXMEM_POSIX_PLUGIN", "posix-eager", true},
                                    subject{"NXMEM_POSIX_PLUGIN", "posix-lazy", false},
                                    subject{"NXMEM_TESTPLUGIN", "eager", true},
