@@ -8,7 +8,9 @@
 #      nxmem::plugin target, each checked by the installed `nxmem conform`;
 #   4. find_package(nxmem VERSION) accepts and refuses the versions docs/HOST.md says;
 #   5. the installed `nxmem inspect` with no arguments finds the installed plugins;
-#   6. a C++17 translation unit including <nxmem/host.hpp> stops with the C++20 message.
+#   6. a C++17 translation unit including <nxmem/host.hpp> stops with the C++20 message;
+#   7. where BUILD_DIR built the PyTorch integration: an unmodified Python script on the installed
+#      posix plugin through the installed nxmem_torch.so and sitecustomize.py (docs/TORCH.md).
 # Usage: test/consumer/run.sh BUILD_DIR   (a configured and built gcc build, e.g. build/gcc)
 # Prints "PASS name" / "FAIL name" per case (a failure with its log), then
 # "consumer: N passed, M failed", and exits 1 if anything failed.
@@ -146,6 +148,22 @@ cxx17_refused() {
     (($(grep -c "error:" <<<"$out") <= 2)) # the #error and the include that stops the compiler
 }
 check "a C++17 translation unit stops with the C++20 message" cxx17_refused
+
+# --- the PyTorch integration as installed: no NXMEM_TORCH_LIBRARY, sitecustomize finds it ---
+if [[ -f $build_dir/engines/torch/nxmem_torch.so ]]; then
+  installed_torch() {
+    local torch_dir=$staged_libdir/nxmem/torch
+    test -f "$torch_dir/nxmem_torch.so" && test -f "$torch_dir/python/sitecustomize.py" &&
+      env -u NXMEM_TORCH_LIBRARY PYTHONPATH="$torch_dir/python" NXMEM_TORCH_PLUGIN="$posix_plugin" \
+        /usr/bin/python3 -c '
+import torch
+t = torch.ones(1000)
+u = torch.ops.nxmem.usage()
+assert u["installed"] == 1 and torch.ops.nxmem.owns(t) and u["pool_live_allocations"] >= 1, u
+print("served by nxmem:", dict(u))'
+  }
+  check "installed nxmem_torch.so and sitecustomize.py serve an unmodified script's tensors" installed_torch
+fi
 
 echo "consumer: $passed passed, $failed failed"
 ((failed == 0))
