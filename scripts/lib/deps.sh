@@ -5,9 +5,8 @@
 NXMEM_DEB_PACKAGES=(
   meson ninja-build g++ gcc clang pkg-config cmake
   libboost-dev librange-v3-dev catch2 libbenchmark-dev libcli11-dev nlohmann-json3-dev
-  librapidcheck-dev # the conformance suite's model check (include/nxmem/conform/model/)
+  librapidcheck-dev # the conformance suite's model check (include/nxmem/conform/model/), property tests (test/pool)
   libclang-rt-14-dev abigail-tools
-  librapidcheck-dev # property tests (test/pool)
   valgrind # the instruction budgets (test/perf): callgrind
   libjemalloc-dev libmimalloc-dev # bench/: in-run baselines of the pool, dlopen'd beside glibc malloc
   libtorch-dev python3-torch libopenblas0 # the PyTorch integration (engines/torch, docs/TORCH.md)
