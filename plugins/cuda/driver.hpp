@@ -59,6 +59,14 @@ struct driver_api {
     PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
 };
 
+// The entry points sharing across processes needs (cuda-vmm's IPC), resolved apart: a driver
+// without them still allocates, and only the allocators' NXMEM_CAP_IPC stays clear.
+struct sharing_api {
+    PFN_cuMemExportToShareableHandle_v10020 export_shareable = nullptr;
+    PFN_cuMemImportFromShareableHandle_v10020 import_shareable = nullptr;
+    PFN_cuDeviceGetUuid_v11040 device_get_uuid = nullptr;
+};
+
 // One dlopen of the driver library; closed when the last allocator using it goes.
 class driver {
 public:
@@ -88,6 +96,9 @@ public:
     }
 
     const driver_api& api() const noexcept { return api_; }
+    // The sharing entry points, or nullptr when the driver lacks one (sharing_missing() says which).
+    const sharing_api* sharing() const noexcept { return sharing_missing_.empty() ? &sharing_ : nullptr; }
+    const std::string& sharing_missing() const noexcept { return sharing_missing_; }
     int version() const noexcept { return version_; }
     const std::string& path() const noexcept { return path_; }
 
@@ -188,7 +199,23 @@ private:
         NXMEM_TRY_VOID(entry(who, "cuMemMap", 10020, api_.mem_map));
         NXMEM_TRY_VOID(entry(who, "cuMemUnmap", 10020, api_.mem_unmap));
         NXMEM_TRY_VOID(entry(who, "cuMemSetAccess", 10020, api_.mem_set_access));
+        resolve_sharing(who);
         return boost::outcome_v2::success();
+    }
+
+    // Optional: the first entry point missing is recorded, and the driver serves without sharing.
+    void resolve_sharing(const std::string& who) {
+        result<void> found = entry(who, "cuMemExportToShareableHandle", 10020, sharing_.export_shareable);
+        if (found) {
+            found = entry(who, "cuMemImportFromShareableHandle", 10020, sharing_.import_shareable);
+        }
+        if (found) {
+            found = entry(who, "cuDeviceGetUuid", 11040, sharing_.device_get_uuid);
+        }
+        if (!found) {
+            sharing_ = sharing_api{};
+            sharing_missing_ = found.error().message;
+        }
     }
 
     void* library_ = nullptr;
@@ -196,6 +223,8 @@ private:
     int version_ = 0;
     PFN_cuGetProcAddress_v12000 get_proc_address_ = nullptr;
     driver_api api_;
+    sharing_api sharing_;
+    std::string sharing_missing_; // empty when every sharing entry point was found
 };
 
 } // namespace nxmem::cuda

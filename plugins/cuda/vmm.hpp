@@ -1,17 +1,24 @@
 // cuda-vmm: device address space reserved at allocation, committed chunk by chunk, and shared
-// prefixes as one set of physical chunks mapped into many allocations. A chunk is the device's
-// allocation granularity (cuMemGetAllocationGranularity, minimum; 2 MiB on current GPUs), which
-// is also the commit granularity the allocator reports.
+// prefixes as one physical allocation mapped into many allocations, in this process and in
+// others. A chunk is the device's allocation granularity (cuMemGetAllocationGranularity, minimum;
+// 2 MiB on current GPUs), which is also the commit granularity the allocator reports.
 //
 //   allocate              cuMemAddressReserve of the size rounded up to whole chunks, aligned as
 //                         asked (at least to a chunk); costs no device memory
 //   commit                per uncommitted chunk: cuMemCreate (pinned, on this device) + cuMemMap;
 //                         then one cuMemSetAccess (read/write for this device) per run of them
 //   decommit              per committed chunk: cuMemUnmap + cuMemRelease
-//   create_shared_prefix  cuMemCreate of the prefix's whole chunks (not mapped yet)
-//   commit_shared_prefix  cuMemMap of those chunks over the allocation's first chunks (private
-//                         chunks there are decommitted first) + cuMemSetAccess
-//   release               unmap and release every private chunk, unmap the prefix's, then
+//   create_shared_prefix  one cuMemCreate of the prefix's whole chunks (not mapped yet), with
+//                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested when the allocator
+//                         shares (sharing.hpp)
+//   commit_shared_prefix  one cuMemMap of it over the allocation's first chunks (private chunks
+//                         there are decommitted first) + cuMemSetAccess (read-only for a
+//                         read-only import)
+//   export (prefix)       cuMemExportToShareableHandle: a descriptor, read-write only (a CUDA
+//                         shareable handle cannot forbid its holder a writable mapping, IP5)
+//   import (prefix)       the handle checked (sharing.hpp), cuMemImportFromShareableHandle, its
+//                         size proved by one mapping into a scratch reservation; a local prefix
+//   release               unmap and release every private chunk, unmap the prefix, then
 //                         cuMemAddressFree
 // Every call runs with the device's primary context current.
 //
@@ -23,7 +30,9 @@
 // last one by its bytes within the allocation. A shared prefix is costed once, in whole chunks, as the
 // newly_mapped_bytes of its first mapping, and never in an allocation's mapped_bytes; chunks
 // under a mapped prefix belong to it. The budget counts device memory: whole chunks, private and
-// prefix alike.
+// prefix alike. An imported prefix is the exporter's memory: it is counted in imported_bytes (whole
+// chunks) until its last mapping goes, never charged to the budget, and its first mapping costs
+// nothing (IP10).
 //
 // Release: if the driver refuses to unmap or release a chunk, the release ends QUARANTINED: what
 // could be freed is credited, the rest is kept (residual_owned_bytes) and the address range is
@@ -41,6 +50,7 @@
 #include "../posix/retire_now.hpp"
 #include "device_context.hpp"
 #include "settings.hpp"
+#include "sharing.hpp"
 
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
@@ -49,6 +59,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,7 +83,7 @@ public:
 
     vmm_mechanism(const settings& taken, const plugin::open_context& context,
                   std::unique_ptr<device_context> device, std::uint64_t granularity)
-        : device_(std::move(device)), chunk_(granularity),
+        : device_(std::move(device)), sharing_(*device_), chunk_(granularity),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     vmm_mechanism(const vmm_mechanism&) = delete;
@@ -95,6 +106,10 @@ public:
 
     // The minor-2 commit granularity: one chunk.
     std::uint64_t commit_granularity() const noexcept { return chunk_; }
+
+    // Whether this allocator offers NXMEM_CAP_IPC: the driver and the device can share
+    // (sharing.hpp); the kit clears the flag otherwise.
+    bool ipc_available() const { return sharing_.available(); }
 
     // ---- allocation ----
 
@@ -228,7 +243,7 @@ public:
         NXMEM_TRY_VOID(check_live(*held));
         NXMEM_TRY_VOID(posix::check_prefix_fits(name, held->address, held->size,
                                                 held->prefix ? held->prefix->id : 0, shared->size));
-        const std::uint64_t count = shared->handles.size();
+        const std::uint64_t count = shared->length / chunk_;
         NXMEM_TRY_VOID(device_->current([&]() -> result<void> {
             // The private chunks the prefix will cover go first.
             for (const page_run& run : held->committed.committed_within(0, count)) {
@@ -239,19 +254,96 @@ public:
         held->prefix = shared;
         held->prefix_chunks = count;
         const std::uint64_t sharers = shared->sharers.fetch_add(1, std::memory_order_relaxed) + 1;
+        // An imported prefix is never costed here: its bytes are the exporter's (imported bytes).
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
-        return prefix_commit{shared->size, first ? count * chunk_ : 0, sharers}; // C8a: whole chunks
+        return prefix_commit{shared->size, first && !shared->imported ? shared->length : 0,
+                             sharers}; // C8a: whole chunks
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {
-        const std::shared_ptr<shared_chunks> gone = prefixes_.take(prefix_id);
+        const std::shared_ptr<prefix_memory> gone = prefixes_.take(prefix_id);
         if (!gone) {
             return;
         }
-        // Its last mapping went with its last sharer: releasing the handles frees the memory.
-        (void)device_->current([&] { return release_handles(gone->handles); });
-        budget_.credit(gone->handles.size() * chunk_);
-        shared_prefix_bytes_.fetch_sub(gone->handles.size() * chunk_, std::memory_order_relaxed);
+        // Its last mapping went with its last sharer: releasing the handle frees the memory (an
+        // imported one: this process's hold on it; the exporter and other importers keep theirs).
+        (void)device_->current([&] { return release_handles({gone->physical}); });
+        if (gone->imported) {
+            imported_bytes_.fetch_sub(gone->length, std::memory_order_relaxed);
+        } else {
+            budget_.credit(gone->length);
+            shared_prefix_bytes_.fetch_sub(gone->length, std::memory_order_relaxed);
+        }
+    }
+
+    // ---- sharing across processes (minor 3) ----
+
+    // Read-write only: the descriptor lets its holder map the memory writable whatever the
+    // handle says, so a read-only export could not be enforced (IP5). A read-only import of the
+    // read-write handle maps it with CU_MEM_ACCESS_FLAGS_PROT_READ.
+    result<void> export_shared_prefix(std::uint64_t prefix_id, std::uint32_t access,
+                                      NxmemIpcHandle& handle) {
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
+        if (!sharing_.available()) {
+            return fail(status_code::unsupported_capability, sharing_.unavailable());
+        }
+        if (access != NXMEM_IPC_READ_WRITE) {
+            return fail(status_code::unsupported_capability,
+                        std::string(name) + ": a CUDA shareable handle cannot forbid a writable "
+                                            "mapping, so prefixes are exported read-write only (the "
+                                            "importer may still import read-only)");
+        }
+        if (shared->read_only) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": prefix " + std::to_string(prefix_id) +
+                            " was imported read-only and cannot be exported read-write");
+        }
+        vmm_handle_opaque opaque{};
+        NXMEM_TRY(descriptor, device_->current([&] {
+            return sharing_.export_descriptor(shared->physical, shared->length, chunk_, opaque);
+        }));
+        handle.size = shared->size;
+        handle.fd_count = 1;
+        handle.fds[0] = descriptor;
+        handle.opaque_length = sizeof opaque;
+        std::memcpy(handle.opaque, &opaque, sizeof opaque);
+        return boost::outcome_v2::success();
+    }
+
+    // The kit has checked the record's form, mechanism, device and access.
+    result<plugin::imported_prefix> import_shared_prefix(const NxmemIpcHandle& record,
+                                                         std::uint32_t access) {
+        if (!sharing_.available()) {
+            return fail(status_code::unsupported_capability, sharing_.unavailable());
+        }
+        NXMEM_TRY(length, round_up(record.size, chunk_, name));
+        NXMEM_TRY(opaque, sharing_.read_opaque(record, length, chunk_));
+        NXMEM_TRY_VOID(sharing_.remember_import(opaque.export_id));
+        result<handle> imported = device_->current([&]() -> result<handle> {
+            NXMEM_TRY(physical, sharing_.import_descriptor(record.fds[0]));
+            if (result<void> whole = prove_length(physical, length); !whole) {
+                (void)release_handles({physical});
+                return boost::outcome_v2::failure(whole.error());
+            }
+            return physical;
+        });
+        if (!imported) {
+            sharing_.forget_import(opaque.export_id);
+            return boost::outcome_v2::failure(imported.error());
+        }
+        const std::uint64_t prefix_id = prefixes_.next_id();
+        try {
+            auto made = std::make_shared<prefix_memory>(prefix_id, record.size, length, imported.value());
+            made->imported = true;
+            made->read_only = access == NXMEM_IPC_READ_ONLY;
+            prefixes_.insert(prefix_id, std::move(made));
+        } catch (...) {
+            (void)device_->current([&] { return release_handles({imported.value()}); });
+            sharing_.forget_import(opaque.export_id);
+            throw;
+        }
+        imported_bytes_.fetch_add(length, std::memory_order_relaxed);
+        return plugin::imported_prefix{prefix_id, length};
     }
 
     // ---- usage query (minor 2) ----
@@ -264,20 +356,26 @@ public:
         now.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
         now.shared_prefix_bytes = shared_prefix_bytes_.load(std::memory_order_relaxed);
         now.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
+        now.imported_bytes = imported_bytes_.load(std::memory_order_relaxed);
         return now;
     }
 
 private:
     using handle = CUmemGenericAllocationHandle;
 
-    struct shared_chunks {
-        shared_chunks(std::uint64_t prefix_id, std::uint64_t bytes, std::vector<handle> made)
-            : id(prefix_id), size(bytes), handles(std::move(made)) {}
+    // A prefix is one physical allocation of whole chunks, so that it travels to another
+    // process as one descriptor.
+    struct prefix_memory {
+        prefix_memory(std::uint64_t prefix_id, std::uint64_t bytes, std::uint64_t whole_chunks, handle made)
+            : id(prefix_id), size(bytes), length(whole_chunks), physical(made) {}
         const std::uint64_t id;
-        const std::uint64_t size; // as asked
-        const std::vector<handle> handles;
+        const std::uint64_t size;   // as asked
+        const std::uint64_t length; // whole chunks
+        const handle physical;
         std::atomic<std::uint64_t> sharers{0};
         std::atomic<bool> ever_mapped{false};
+        bool imported = false;  // from another process: imported bytes, never charged here
+        bool read_only = false; // mapped with CU_MEM_ACCESS_FLAGS_PROT_READ
     };
 
     struct reservation {
@@ -291,7 +389,7 @@ private:
         page_runs committed;        // chunk indices of the private chunks
         std::map<std::uint64_t, handle> chunks; // chunk index -> its physical handle
         std::uint64_t committed_bytes = 0;
-        std::shared_ptr<shared_chunks> prefix;
+        std::shared_ptr<prefix_memory> prefix;
         std::uint64_t prefix_chunks = 0;
         bool prefix_mapped = false;
         bool released = false;
@@ -388,8 +486,13 @@ private:
         return held.address + chunk * chunk_;
     }
 
-    result<handle> create_chunk(std::uint64_t bytes) const {
-        const CUmemAllocationProp properties = chunk_properties(device_->ordinal());
+    // Physical memory of `bytes` (whole chunks); `exportable` asks for the handle type sharing
+    // needs, when the allocator shares.
+    result<handle> create_chunk(std::uint64_t bytes, bool exportable = false) const {
+        CUmemAllocationProp properties = chunk_properties(device_->ordinal());
+        if (exportable) {
+            properties.requestedHandleTypes = sharing_.handle_types();
+        }
         handle made = 0;
         NXMEM_TRY_VOID(device_->check(
             device_->api().mem_create(&made, static_cast<std::size_t>(bytes), &properties, 0), [&] {
@@ -398,24 +501,28 @@ private:
         return made;
     }
 
-    result<void> map_chunk(std::uint64_t at, handle chunk) const {
-        return device_->check(device_->api().mem_map(at, static_cast<std::size_t>(chunk_), 0, chunk, 0), [&] {
-            return std::string(name) + ": cuMemMap of a " + std::to_string(chunk_) +
-                   "-byte chunk at 0x" + nxmem::detail::to_hex(at);
+    // Maps the first `bytes` of `physical` at `at`.
+    result<void> map_physical(std::uint64_t at, std::uint64_t bytes, handle physical) const {
+        return device_->check(device_->api().mem_map(at, static_cast<std::size_t>(bytes), 0, physical, 0), [&] {
+            return std::string(name) + ": cuMemMap of " + std::to_string(bytes) + " bytes at 0x" +
+                   nxmem::detail::to_hex(at);
         });
     }
+    result<void> map_chunk(std::uint64_t at, handle chunk) const { return map_physical(at, chunk_, chunk); }
 
-    result<void> unmap_chunk(std::uint64_t at) const {
-        return device_->check(device_->api().mem_unmap(at, static_cast<std::size_t>(chunk_)), [&] {
-            return std::string(name) + ": cuMemUnmap of the chunk at 0x" + nxmem::detail::to_hex(at);
+    result<void> unmap_range(std::uint64_t at, std::uint64_t bytes) const {
+        return device_->check(device_->api().mem_unmap(at, static_cast<std::size_t>(bytes)), [&] {
+            return std::string(name) + ": cuMemUnmap of " + std::to_string(bytes) + " bytes at 0x" +
+                   nxmem::detail::to_hex(at);
         });
     }
+    result<void> unmap_chunk(std::uint64_t at) const { return unmap_range(at, chunk_); }
 
-    result<void> allow_access(std::uint64_t at, std::uint64_t bytes) const {
+    result<void> allow_access(std::uint64_t at, std::uint64_t bytes, bool read_only = false) const {
         CUmemAccessDesc access{};
         access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         access.location.id = device_->ordinal();
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        access.flags = read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         return device_->check(device_->api().mem_set_access(at, static_cast<std::size_t>(bytes), &access, 1), [&] {
             return std::string(name) + ": cuMemSetAccess of " + std::to_string(bytes) +
                    " bytes at 0x" + nxmem::detail::to_hex(at);
@@ -513,25 +620,36 @@ private:
         return outcome;
     }
 
-    // Maps every chunk of the prefix over the allocation's first chunks; all or nothing.
-    result<void> map_prefix(reservation& held, const shared_chunks& shared) {
-        std::uint64_t mapped = 0;
-        result<void> outcome = boost::outcome_v2::success();
-        for (; mapped < shared.handles.size() && outcome; ++mapped) {
-            outcome = map_chunk(address_of(held, mapped), shared.handles[mapped]);
-        }
-        if (outcome) {
-            outcome = allow_access(held.address, shared.handles.size() * chunk_);
-        } else {
-            --mapped; // the one that failed is not mapped
-        }
-        if (!outcome) {
-            for (std::uint64_t chunk = 0; chunk < mapped; ++chunk) {
-                (void)unmap_chunk(address_of(held, chunk));
-            }
-            return outcome;
+    // Maps the prefix over the allocation's first chunks; all or nothing.
+    result<void> map_prefix(reservation& held, const prefix_memory& shared) {
+        NXMEM_TRY_VOID(map_physical(held.address, shared.length, shared.physical));
+        if (result<void> opened = allow_access(held.address, shared.length, shared.read_only); !opened) {
+            (void)unmap_range(held.address, shared.length);
+            return opened;
         }
         held.prefix_mapped = true;
+        return boost::outcome_v2::success();
+    }
+
+    // An imported handle whose memory is smaller than the handle claims must not pass: it is
+    // mapped whole once into a scratch reservation, which the driver refuses beyond its memory.
+    result<void> prove_length(handle physical, std::uint64_t length) const {
+        CUdeviceptr scratch = 0;
+        NXMEM_TRY_VOID(device_->check(
+            device_->api().mem_address_reserve(&scratch, static_cast<std::size_t>(length), 0, 0, 0),
+            [&] { return std::string(name) + ": cuMemAddressReserve of " + std::to_string(length) +
+                         " bytes to check an import"; }));
+        const CUresult mapped = device_->api().mem_map(scratch, static_cast<std::size_t>(length), 0, physical, 0);
+        if (mapped == CUDA_SUCCESS) {
+            (void)device_->api().mem_unmap(scratch, static_cast<std::size_t>(length));
+        }
+        (void)device_->api().mem_address_free(scratch, static_cast<std::size_t>(length));
+        if (mapped != CUDA_SUCCESS) {
+            return fail(status_code::invalid_argument,
+                        device_->who() + ": IPC handle refused: descriptor 0: its memory does not "
+                                         "hold the " + std::to_string(length) + " bytes the handle "
+                                         "claims (cuMemMap: " + device_->cuda().describe(mapped) + ")");
+        }
         return boost::outcome_v2::success();
     }
 
@@ -545,13 +663,9 @@ private:
             }
         };
         if (held.prefix_mapped) {
-            bool all_unmapped = true;
-            for (std::uint64_t chunk = 0; chunk < held.prefix_chunks; ++chunk) {
-                result<void> unmapped = unmap_chunk(address_of(held, chunk));
-                all_unmapped = all_unmapped && unmapped.has_value();
-                keep_first_failure(std::move(unmapped));
-            }
-            held.prefix_mapped = !all_unmapped;
+            result<void> unmapped = unmap_range(held.address, held.prefix_chunks * chunk_);
+            held.prefix_mapped = !unmapped.has_value();
+            keep_first_failure(std::move(unmapped));
         }
         for (auto it = held.chunks.begin(); it != held.chunks.end();) {
             const std::uint64_t chunk = it->first;
@@ -580,21 +694,12 @@ private:
     }
 
     result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
-        std::vector<handle> made;
-        made.reserve(length / chunk_);
-        for (std::uint64_t at = 0; at < length; at += chunk_) {
-            result<handle> created = create_chunk(chunk_);
-            if (!created) {
-                (void)release_handles(made);
-                return boost::outcome_v2::failure(created.error());
-            }
-            made.push_back(created.value());
-        }
+        NXMEM_TRY(made, create_chunk(length, true));
         const std::uint64_t prefix_id = prefixes_.next_id();
         try {
-            prefixes_.insert(prefix_id, std::make_shared<shared_chunks>(prefix_id, size, made));
+            prefixes_.insert(prefix_id, std::make_shared<prefix_memory>(prefix_id, size, length, made));
         } catch (...) {
-            (void)release_handles(made);
+            (void)release_handles({made});
             throw;
         }
         shared_prefix_bytes_.fetch_add(length, std::memory_order_relaxed);
@@ -602,10 +707,11 @@ private:
     }
 
     std::unique_ptr<device_context> device_;
+    device_sharing sharing_; // refers to *device_
     const std::uint64_t chunk_;
     posix::byte_budget budget_;
     nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
-    posix::prefix_table<shared_chunks> prefixes_;
+    posix::prefix_table<prefix_memory> prefixes_;
     std::mutex quarantine_mutex_;
     std::vector<std::shared_ptr<reservation>> quarantine_;
     std::atomic<std::uint64_t> live_allocations_{0};
@@ -613,6 +719,7 @@ private:
     std::atomic<std::uint64_t> mapped_bytes_{0};
     std::atomic<std::uint64_t> shared_prefix_bytes_{0};
     std::atomic<std::uint64_t> quarantined_bytes_{0};
+    std::atomic<std::uint64_t> imported_bytes_{0};
 };
 
 } // namespace nxmem::cuda

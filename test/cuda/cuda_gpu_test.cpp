@@ -3,19 +3,25 @@
 //   commit and decommit latency per chunk, through the plugin and as raw driver calls
 //   allocate/release round trips of each mechanism against the raw driver calls they wrap
 //   cuMemGetInfo deltas: 8 sequences sharing a 64 MiB prefix, one 64 MiB, 8 private 64 MiB
+//   sharing across processes: a prefix read and written by another process (cuda_ipc_peer, next
+//   to this program or named by NXMEM_CUDA_IPC_PEER), export+import+close latency, and what
+//   asking for the POSIX file descriptor handle type costs cuMemCreate
 // Without libcuda.so.1 or a device it prints why and exits 77 (skipped). It runs from any
 // directory: the plugin is the first argument (or NXMEM_CUDA_PLUGIN); NXMEM_CUDA_DRIVER, if set,
 // names the driver (the meson smoke run points it at the fake driver).
 #define CATCH_CONFIG_RUNNER
 #include "../../plugins/cuda/driver.hpp"
+#include "cuda_ipc_peer.hpp"
 
 #include <nxmem/host.hpp>
+#include <nxmem/host/handle_transport.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -374,6 +380,110 @@ TEST_CASE("8 sequences sharing a 64 MiB prefix cost the device what one 64 MiB c
         CHECK(private_delta >= 6 * single_delta);
     }
     REQUIRE(module->try_unload());
+}
+
+namespace {
+
+// The importing process: NXMEM_CUDA_IPC_PEER, or cuda_ipc_peer beside this program (the bundle).
+std::string ipc_peer_path() {
+    if (const char* configured = std::getenv("NXMEM_CUDA_IPC_PEER"); configured != nullptr && *configured != '\0') {
+        return configured;
+    }
+    return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cuda_ipc_peer").string();
+}
+
+} // namespace
+
+TEST_CASE("a cuda-vmm prefix is read and written by another process", "[gpu][vmm][ipc]") {
+    const std::uint64_t chunk = raw.granularity;
+    const std::uint64_t prefix_size = 2 * chunk + 10; // three chunks, the last partly used
+    const std::string peer = ipc_peer_path();
+    INFO("importing process: " << peer);
+    REQUIRE(std::filesystem::exists(peer));
+    auto module = load_plugin();
+    {
+        auto vmm = value_or_fail(host::open_allocator<cuda_device>(module, "cuda-vmm", 0));
+        INFO("cuda-vmm shares across processes only where the driver and device export POSIX file descriptors");
+        REQUIRE((vmm.capabilities() & NXMEM_CAP_IPC) != 0);
+        auto mapping = value_or_fail(vmm.shared_mapping());
+        auto sharing = value_or_fail(vmm.ipc());
+        auto prefix = value_or_fail(mapping.create_prefix(prefix_size));
+        auto filled = value_or_fail(vmm.allocate(prefix_size + chunk, chunk));
+        REQUIRE(mapping.commit_prefix(filled, prefix));
+        std::vector<unsigned char> bytes(prefix_size);
+        for (std::uint64_t index = 0; index < prefix_size; ++index) {
+            bytes[index] = test::exported_byte(index);
+        }
+        for (const char* access : {"ro", "rw"}) {
+            INFO("import " << access);
+            raw.require(raw.copy_to_device(filled.address.value, bytes.data(), bytes.size()), "cuMemcpyHtoD");
+            test::importer_process importer(peer, plugin_path, access);
+            REQUIRE(importer.started());
+            {
+                host::ipc_handle handle = value_or_fail(sharing.export_prefix(prefix));
+                REQUIRE(host::send_handle(importer.socket(), handle.record()));
+            }
+            const int status = importer.finish();
+            INFO("the importing process failed at: " << test::peer_step(status) << " (its stderr says why)");
+            REQUIRE(status == 0);
+            char marker[sizeof test::importer_marker] = {};
+            raw.require(raw.copy_to_host(marker, filled.address.value, sizeof marker), "cuMemcpyDtoH");
+            if (std::string(access) == "rw") {
+                CHECK(std::strcmp(marker, test::importer_marker) == 0);
+            } else {
+                CHECK(static_cast<unsigned char>(marker[0]) == test::exported_byte(0));
+            }
+        }
+
+        // Export, import (into a second allocator of this process) and close, one round each.
+        constexpr int rounds = 50;
+        auto importer = value_or_fail(host::open_allocator<cuda_device>(module, "cuda-vmm", 0));
+        auto importing = value_or_fail(importer.ipc());
+        std::vector<double> exports;
+        std::vector<double> imports;
+        std::vector<double> closes;
+        for (int i = 0; i < rounds; ++i) {
+            auto start = clock_type::now();
+            host::ipc_handle handle = value_or_fail(sharing.export_prefix(prefix));
+            exports.push_back(microseconds_since(start));
+            start = clock_type::now();
+            auto imported = value_or_fail(importing.import(handle));
+            imports.push_back(microseconds_since(start));
+            start = clock_type::now();
+            REQUIRE(imported.close());
+            closes.push_back(microseconds_since(start));
+        }
+        figure("cuda-vmm export of a 3-chunk prefix", timing::of(exports));
+        figure("cuda-vmm import of it (checked, size proved by a map)", timing::of(imports));
+        figure("cuda-vmm close of the import", timing::of(closes));
+        REQUIRE(vmm.release(filled));
+        REQUIRE(mapping.release_prefix(prefix));
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("what the POSIX file descriptor handle type costs cuMemCreate", "[gpu][ipc][figures]") {
+    const std::uint64_t chunk = raw.granularity;
+    const cuda::driver_api& api = raw.api();
+    constexpr int rounds = 200;
+    CUmemAllocationProp plain = raw.chunk_properties();
+    CUmemAllocationProp exportable = raw.chunk_properties();
+    exportable.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    std::vector<double> plain_rounds;
+    std::vector<double> exportable_rounds;
+    for (int i = 0; i < rounds; ++i) {
+        CUmemGenericAllocationHandle handle = 0;
+        auto start = clock_type::now();
+        raw.require(api.mem_create(&handle, chunk, &plain, 0), "cuMemCreate");
+        raw.require(api.mem_release(handle), "cuMemRelease");
+        plain_rounds.push_back(microseconds_since(start));
+        start = clock_type::now();
+        raw.require(api.mem_create(&handle, chunk, &exportable, 0), "cuMemCreate (POSIX fd handle type)");
+        raw.require(api.mem_release(handle), "cuMemRelease");
+        exportable_rounds.push_back(microseconds_since(start));
+    }
+    figure("raw cuMemCreate+cuMemRelease one chunk", timing::of(plain_rounds));
+    figure("raw cuMemCreate+cuMemRelease one chunk, POSIX fd handle type", timing::of(exportable_rounds));
 }
 
 int main(int argc, char* argv[]) {

@@ -51,6 +51,8 @@ public:
         config.granularity = chunk;
         config.device_memory = 1ull << 30;
         config.vmm_supported = 1;
+        config.posix_fd_supported = 1;
+        config.sharing_entry_points = 1;
         return config;
     }
 

@@ -19,8 +19,8 @@ TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what i
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         CHECK(vmm.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE |
-                                     NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY));
-        CHECK(vmm.declared_minor() == 2);
+                                     NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_IPC));
+        CHECK(vmm.declared_minor() == 3);
         auto backing = value_or_fail(vmm.virtual_backing());
         CHECK(backing.commit_granularity() == chunk); // the device's allocation granularity
 
@@ -111,7 +111,7 @@ TEST_CASE("a commit the driver fails undoes its own chunks and changes nothing e
             fault_case{FAKE_CUDA_MEM_CREATE, 1, CUDA_ERROR_OUT_OF_MEMORY, status_code::out_of_memory,
                        "cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY"},
             fault_case{FAKE_CUDA_MEM_MAP, 2, CUDA_ERROR_UNKNOWN, status_code::internal_error,
-                       "cuMemMap of a 2097152-byte chunk"},
+                       "cuMemMap of 2097152 bytes"},
             fault_case{FAKE_CUDA_MEM_SET_ACCESS, 0, CUDA_ERROR_UNKNOWN, status_code::internal_error,
                        "cuMemSetAccess"});
         INFO("fault in call " << fault.call);

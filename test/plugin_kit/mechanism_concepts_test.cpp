@@ -126,6 +126,22 @@ struct destroy_returning_result : good {
     result<void> destroy_shared_prefix(std::uint64_t) { return success(); }
 };
 
+struct sharing : shared_mapping {
+    NXMEM_TEST_OPEN(sharing)
+    result<void> export_shared_prefix(std::uint64_t, std::uint32_t, NxmemIpcHandle&) { return success(); }
+    result<imported_prefix> import_shared_prefix(const NxmemIpcHandle&, std::uint32_t) {
+        return imported_prefix{};
+    }
+};
+struct sharing_decided_at_open : sharing {
+    NXMEM_TEST_OPEN(sharing_decided_at_open)
+    bool ipc_available() const { return false; }
+};
+struct sharing_decided_by_non_const : sharing {
+    NXMEM_TEST_OPEN(sharing_decided_by_non_const)
+    bool ipc_available() { return false; }
+};
+
 struct retiring : good {
     NXMEM_TEST_OPEN(retiring)
     result<std::optional<release_outcome>> retire(const allocation_record&) { return std::nullopt; }
@@ -206,6 +222,11 @@ TEST_CASE("each capability concept rejects a near miss of each of its members", 
     STATIC_REQUIRE(usage_completes_kit_counts<usage_completing_kit>);
     STATIC_REQUIRE(!offers_usage_query<usage_by_reference>);
     STATIC_REQUIRE(!offers_usage_query<usage_returning_wire>);
+
+    STATIC_REQUIRE(offers_ipc<sharing>);
+    STATIC_REQUIRE(!decides_ipc_at_open<sharing>);
+    STATIC_REQUIRE(decides_ipc_at_open<sharing_decided_at_open>);
+    STATIC_REQUIRE(!decides_ipc_at_open<sharing_decided_by_non_const>);
 
     // Their capability flags follow.
     STATIC_REQUIRE(capabilities_of<good>() == 0);

@@ -153,7 +153,10 @@ private:
             }
         }
         if constexpr (offers_ipc<M>) {
-            if (level >= abi::ipc_minor) {
+            if (!ipc_available_in(*mechanism_)) {
+                table.capabilities &= ~NXMEM_CAP_IPC; // this allocator's driver or device cannot share
+            }
+            if (level >= abi::ipc_minor && (table.capabilities & NXMEM_CAP_IPC) != 0) {
                 static constexpr NxmemIpcVtable ipc = make_ipc_table();
                 table.ipc = &ipc;
             }

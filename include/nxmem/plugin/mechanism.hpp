@@ -215,6 +215,21 @@ concept offers_ipc = offers_shared_mapping<M> &&
         { instance.import_shared_prefix(handle, access) } -> std::same_as<result<imported_prefix>>;
     };
 
+// A mechanism whose sharing depends on what an allocator finds when it opens (a driver entry
+// point, a device's handle type) says so per allocator: `ipc_available()` false clears
+// NXMEM_CAP_IPC in that allocator's table and leaves its ipc table NULL.
+template <class M>
+concept decides_ipc_at_open = offers_ipc<M> && requires {
+    static_cast<member_function<M, bool() const>>(&M::ipc_available);
+};
+template <class M> bool ipc_available_in(const M& mechanism) {
+    if constexpr (decides_ipc_at_open<M>) {
+        return mechanism.ipc_available();
+    } else {
+        return true;
+    }
+}
+
 // Minor 2's commit granularity of a virtual-backing mechanism, per allocator (a device's
 // granularity, huge pages). Without it the kit states the system page size.
 template <class M>
@@ -290,6 +305,9 @@ template <class M> constexpr bool assert_mechanism() {
                       usage_completes_kit_counts<M>,
                   "usage is declared but is neither `result<allocator_usage> usage()` nor "
                   "`result<allocator_usage> usage(allocator_usage counted)` (either may be const)");
+    static_assert(!requires { &M::ipc_available; } || decides_ipc_at_open<M>,
+                  "ipc_available is declared but is not `bool ipc_available() const` on a mechanism "
+                  "that shares across processes");
     static_assert(!requires { &M::commit_granularity; } || states_commit_granularity<M>,
                   "commit_granularity is declared but is not `std::uint64_t commit_granularity() "
                   "const` on a mechanism with virtual backing");

@@ -3,6 +3,8 @@
 //   address reservations         mmap(PROT_NONE), aligned
 //   physical allocations         memfds (cuMemCreate), so a chunk mapped at two addresses is
 //                                really the same memory
+//   shareable handles            a duplicate of the memfd (export); import in any process takes
+//                                only such a memfd (its name says so) and maps the same pages
 //   cuMemMap / cuMemUnmap        mmap(MAP_SHARED|MAP_FIXED) of the memfd / PROT_NONE again
 //   cuMemSetAccess               mprotect(PROT_READ|PROT_WRITE)
 // It exports only what a driver exports and the plugin looks up by name (cuDriverGetVersion,
@@ -17,6 +19,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -41,7 +45,12 @@ struct physical {
     std::uint64_t size;
     int device;
     unsigned references; // 1 until cuMemRelease, plus one per mapping
+    bool exportable;     // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or imported
+    bool imported;       // another process's memory: not this process's device_bytes
 };
+
+// The name of a physical allocation's memfd: what an import checks, and the device it is on.
+constexpr char physical_name_prefix[] = "fake-cuda-physical-";
 
 struct mapping {
     std::uint64_t size;
@@ -72,6 +81,7 @@ struct fake_state {
     std::map<std::uint64_t, physical*> handles;                // handle value -> allocation
     std::uint64_t mapping_count = 0;
     std::uint64_t physical_count = 0;
+    std::uint64_t imported_count = 0;
     std::uint64_t calls_without_context = 0;
     std::uint64_t calls[FAKE_CUDA_CALL_KINDS]{};
     fault faults[FAKE_CUDA_CALL_KINDS]{};
@@ -92,6 +102,8 @@ fake_cuda_config environment_config() {
     config.granularity = environment_number("NXMEM_FAKE_CUDA_GRANULARITY", 2u << 20);
     config.device_memory = environment_number("NXMEM_FAKE_CUDA_MEMORY", 1u << 30);
     config.vmm_supported = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_VMM", 1));
+    config.posix_fd_supported = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_POSIX_FD", 1));
+    config.sharing_entry_points = static_cast<int>(environment_number("NXMEM_FAKE_CUDA_SHARING", 1));
     if (config.devices > max_devices) {
         config.devices = max_devices;
     }
@@ -163,7 +175,11 @@ reservation* reservation_of(fake_state& fake, std::uint64_t address, std::uint64
 void drop_reference(fake_state& fake, physical* backing) {
     if (--backing->references == 0) {
         ::close(backing->fd);
-        fake.used[backing->device] -= backing->size;
+        if (backing->imported) {
+            --fake.imported_count;
+        } else {
+            fake.used[backing->device] -= backing->size;
+        }
         fake.handles.erase(reinterpret_cast<std::uint64_t>(backing));
         delete backing;
         --fake.physical_count;
@@ -199,6 +215,7 @@ CUresult fake_get_error_name(CUresult code, const char** text) {
     case CUDA_ERROR_INVALID_DEVICE: *text = "CUDA_ERROR_INVALID_DEVICE"; return CUDA_SUCCESS;
     case CUDA_ERROR_INVALID_CONTEXT: *text = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
     case CUDA_ERROR_NOT_SUPPORTED: *text = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_PERMITTED: *text = "CUDA_ERROR_NOT_PERMITTED"; return CUDA_SUCCESS;
     case CUDA_ERROR_UNKNOWN: *text = "CUDA_ERROR_UNKNOWN"; return CUDA_SUCCESS;
     default: *text = nullptr; return CUDA_ERROR_INVALID_VALUE;
     }
@@ -248,9 +265,25 @@ CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUd
     if (!valid_device(state(), device)) {
         return CUDA_ERROR_INVALID_DEVICE;
     }
-    *value = attribute == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-                 ? state().config.vmm_supported
-                 : 0;
+    switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = state().config.vmm_supported; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        *value = state().config.posix_fd_supported;
+        break;
+    default: *value = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+// "fake-cuda-gpu" and the ordinal: the same device has the same UUID in every process.
+CUresult fake_device_get_uuid(CUuuid* uuid, CUdevice device) {
+    std::lock_guard lock(state_mutex);
+    if (uuid == nullptr || !valid_device(state(), device)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::memset(uuid->bytes, 0, sizeof uuid->bytes);
+    std::memcpy(uuid->bytes, "fake-cuda-gpu", 13);
+    uuid->bytes[15] = static_cast<char>(device);
     return CUDA_SUCCESS;
 }
 
@@ -419,8 +452,13 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     fake_state& fake = state();
     note_context(fake);
     if (!valid_properties(fake, properties) || size == 0 || size % fake.config.granularity != 0 ||
-        flags != 0) {
+        flags != 0 || (properties->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+                       properties->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool exportable = properties->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (exportable && fake.config.posix_fd_supported == 0) {
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
     const int device = properties->location.id;
     if (size > fake.config.device_memory - fake.used[device]) {
@@ -429,14 +467,15 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size,
     if (const CUresult code = injected(fake, FAKE_CUDA_MEM_CREATE); code != CUDA_SUCCESS) {
         return code;
     }
-    const int fd = ::memfd_create("fake-cuda-chunk", MFD_CLOEXEC);
+    const std::string memfd_name = physical_name_prefix + std::to_string(device);
+    const int fd = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC);
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
         if (fd >= 0) {
             ::close(fd);
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    auto* made = new physical{fd, size, device, 1};
+    auto* made = new physical{fd, size, device, 1, exportable, false};
     fake.used[device] += size;
     ++fake.physical_count;
     *handle = reinterpret_cast<std::uint64_t>(made);
@@ -537,7 +576,7 @@ CUresult fake_mem_set_access(CUdeviceptr address, size_t size, const CUmemAccess
     reservation* range = reservation_of(fake, address, size);
     if (range == nullptr || access == nullptr || count != 1 ||
         access->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(fake, access->location.id) ||
-        access->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        (access->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE && access->flags != CU_MEM_ACCESS_FLAGS_PROT_READ)) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // Every byte of the range must be mapped.
@@ -558,8 +597,78 @@ CUresult fake_mem_set_access(CUdeviceptr address, size_t size, const CUmemAccess
     if (const CUresult code = injected(fake, FAKE_CUDA_MEM_SET_ACCESS); code != CUDA_SUCCESS) {
         return code;
     }
-    ::mprotect(reinterpret_cast<void*>(address), size, PROT_READ | PROT_WRITE);
+    ::mprotect(reinterpret_cast<void*>(address), size,
+               access->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_READ | PROT_WRITE);
     succeeded(fake, FAKE_CUDA_MEM_SET_ACCESS);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_export_to_shareable_handle(void* shareable, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType type, unsigned long long flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    auto found = fake.handles.find(handle);
+    if (shareable == nullptr || found == fake.handles.end() || flags != 0 ||
+        type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!found->second->exportable) {
+        return CUDA_ERROR_NOT_PERMITTED; // made without the handle type
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_EXPORT); code != CUDA_SUCCESS) {
+        return code;
+    }
+    const int copy = ::fcntl(found->second->fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *static_cast<int*>(shareable) = copy;
+    succeeded(fake, FAKE_CUDA_MEM_EXPORT);
+    return CUDA_SUCCESS;
+}
+
+// The device of the fake's physical allocation behind `fd`, or -1 when it is none.
+int device_of_physical_descriptor(int fd) {
+    char link[128] = {};
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t length = ::readlink(path.c_str(), link, sizeof link - 1);
+    const std::string target(link, length > 0 ? static_cast<std::size_t>(length) : 0);
+    const std::string expected = std::string("/memfd:") + physical_name_prefix;
+    if (target.rfind(expected, 0) != 0) {
+        return -1;
+    }
+    return std::atoi(target.c_str() + expected.size());
+}
+
+CUresult fake_mem_import_from_shareable_handle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                               CUmemAllocationHandleType type) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    note_context(fake);
+    const int fd = static_cast<int>(reinterpret_cast<std::uintptr_t>(os_handle));
+    if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const int device = device_of_physical_descriptor(fd);
+    struct stat facts {};
+    if (!valid_device(fake, device) || ::fstat(fd, &facts) != 0 || facts.st_size <= 0 ||
+        static_cast<std::uint64_t>(facts.st_size) % fake.config.granularity != 0) {
+        return CUDA_ERROR_INVALID_VALUE; // not a physical allocation's descriptor
+    }
+    if (const CUresult code = injected(fake, FAKE_CUDA_MEM_IMPORT); code != CUDA_SUCCESS) {
+        return code;
+    }
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    auto* made = new physical{copy, static_cast<std::uint64_t>(facts.st_size), device, 1, true, true};
+    ++fake.physical_count;
+    ++fake.imported_count;
+    *handle = reinterpret_cast<std::uint64_t>(made);
+    fake.handles.emplace(*handle, made);
+    succeeded(fake, FAKE_CUDA_MEM_IMPORT);
     return CUDA_SUCCESS;
 }
 
@@ -619,6 +728,9 @@ const entry_point entry_points[] = {
     {"cuMemMap", 10020, as_pointer(&fake_mem_map)},
     {"cuMemUnmap", 10020, as_pointer(&fake_mem_unmap)},
     {"cuMemSetAccess", 10020, as_pointer(&fake_mem_set_access)},
+    {"cuDeviceGetUuid", 11040, as_pointer(&fake_device_get_uuid)},
+    {"cuMemExportToShareableHandle", 10020, as_pointer(&fake_mem_export_to_shareable_handle)},
+    {"cuMemImportFromShareableHandle", 10020, as_pointer(&fake_mem_import_from_shareable_handle)},
     {"cuMemcpyHtoD", 3020, as_pointer(&fake_memcpy_htod)},
     {"cuMemcpyDtoH", 3020, as_pointer(&fake_memcpy_dtoh)},
 };
@@ -642,7 +754,15 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** function, in
         return CUDA_ERROR_INVALID_VALUE;
     }
     *function = nullptr;
+    bool sharing = false;
+    {
+        std::lock_guard lock(state_mutex);
+        sharing = state().config.sharing_entry_points != 0;
+    }
     for (const entry_point& entry : entry_points) {
+        if (!sharing && std::strstr(entry.symbol, "ShareableHandle") != nullptr) {
+            continue; // an older or cut-down driver
+        }
         if (std::strcmp(entry.symbol, symbol) == 0) {
             if (cuda_version < entry.version) {
                 if (status != nullptr) {
@@ -691,6 +811,7 @@ FAKE_EXPORT void fake_cuda_get_counts(fake_cuda_counts* counts) {
     now.device_allocations = fake.device_allocations.size();
     now.reservations = fake.reservations.size();
     now.handles = fake.physical_count;
+    now.imported_handles = fake.imported_count;
     now.mappings = fake.mapping_count;
     now.device_bytes = fake.used[0];
     for (int device = 0; device < max_devices; ++device) {

@@ -8,7 +8,14 @@
  *   NXMEM_FAKE_CUDA_VERSION      what cuDriverGetVersion reports (default 13000)
  *   NXMEM_FAKE_CUDA_GRANULARITY  allocation granularity in bytes (default 2 MiB)
  *   NXMEM_FAKE_CUDA_MEMORY       bytes of memory per device (default 1 GiB)
- *   NXMEM_FAKE_CUDA_VMM          0: devices do not support virtual memory management */
+ *   NXMEM_FAKE_CUDA_VMM          0: devices do not support virtual memory management
+ *   NXMEM_FAKE_CUDA_POSIX_FD     0: devices do not export memory as POSIX file descriptors
+ *   NXMEM_FAKE_CUDA_SHARING      0: the driver has no cuMemExportToShareableHandle (nor import)
+ *
+ * Sharing across processes is real: a physical allocation is a memfd named
+ * "fake-cuda-physical-<device>", cuMemExportToShareableHandle hands out a duplicate of it, and
+ * cuMemImportFromShareableHandle in any process accepts only such a memfd, so another process
+ * that imports it maps the same pages. */
 #ifndef NXMEM_FAKE_CUDA_CONTROL_H
 #define NXMEM_FAKE_CUDA_CONTROL_H
 
@@ -25,6 +32,8 @@ struct fake_cuda_config {
     uint64_t granularity;
     uint64_t device_memory;
     int vmm_supported;
+    int posix_fd_supported; /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    int sharing_entry_points; /* 0: cuGetProcAddress finds no export/import entry point */
 };
 
 /* The driver calls a fault can be injected into. */
@@ -39,6 +48,8 @@ enum fake_cuda_call {
     FAKE_CUDA_MEM_UNMAP,
     FAKE_CUDA_MEM_SET_ACCESS,
     FAKE_CUDA_PRIMARY_CTX_RETAIN,
+    FAKE_CUDA_MEM_EXPORT, /* cuMemExportToShareableHandle */
+    FAKE_CUDA_MEM_IMPORT, /* cuMemImportFromShareableHandle */
     FAKE_CUDA_CALL_KINDS
 };
 
@@ -46,7 +57,8 @@ enum fake_cuda_call {
 struct fake_cuda_counts {
     uint64_t device_allocations; /* cuMemAlloc'ed, not freed */
     uint64_t reservations;       /* address ranges reserved, not freed */
-    uint64_t handles;            /* physical allocations alive (unreleased or still mapped) */
+    uint64_t handles;            /* physical allocations alive (unreleased or still mapped), imports included */
+    uint64_t imported_handles;   /* of those, imported from a descriptor */
     uint64_t mappings;           /* cuMemMap'ed ranges, not unmapped */
     uint64_t device_bytes;       /* memory in use on device 0 (what cuMemGetInfo deducts) */
     uint64_t primary_retains;    /* primary context references held, all devices */
