@@ -566,6 +566,24 @@ TEST_CASE("growth by commit: beyond the retention limit a released arena piece i
     REQUIRE(pool.release(again));
 }
 
+TEST_CASE("growth by commit: a span the arena cannot hold gets a segment of its own", "[pool]") {
+    test::committing_upstream upstream;
+    auto commits = upstream.commits;
+    auto ledger = upstream.ledger();
+    pool_allocator pool(upstream, small_reservation()); // a 32 MiB arena
+    auto in_arena = value_or_fail(pool.allocate(8 * mib, 64));
+    auto beyond = value_or_fail(pool.allocate(40 * mib, 64));
+    std::memset(beyond.address, 0x71, beyond.size); // committed whole
+    CHECK(ledger->allocations == 2); // the reservation and the segment
+    CHECK(pool.usage().held_bytes == 48 * mib);
+    CHECK(commits->committed_bytes == 48 * mib);
+    REQUIRE(pool.release_by_address(beyond.address));
+    REQUIRE(pool.release(in_arena));
+    CHECK(pool.trim(0) == 48 * mib);
+    CHECK(commits->committed_bytes == 0);
+    CHECK(ledger->live_count() == 1); // the segment given back, the reservation kept
+}
+
 TEST_CASE("growth by allocation when asked, even over an upstream offering virtual backing", "[pool]") {
     pool_options options;
     options.growth = pool_growth::by_allocation;
