@@ -325,12 +325,17 @@ public:
 
     // ---- sharing across processes ----
 
-    // The opaque bytes of a posix-lazy handle: a tag (one per kind), the export's random id, the
-    // file's length.
+    // The opaque bytes of a posix-lazy handle: a tag (one per kind), the export's random id, and
+    // the exported size exactly (a size altered within the last page would fit the file too).
     struct handle_opaque {
         std::array<char, 8> tag;
         std::array<std::uint8_t, 16> export_id;
-        std::uint64_t length;
+        std::uint64_t size;
+    };
+    // What an import learnt from a handle it accepted.
+    struct checked_export {
+        std::array<std::uint8_t, 16> export_id;
+        std::uint64_t length; // the file's: the size in whole pages
     };
     static constexpr std::array<char, 8> prefix_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', '1'};
     static constexpr std::array<char, 8> allocation_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', 'A'};
@@ -344,7 +349,7 @@ public:
                             " was imported read-only and cannot be exported read-write");
         }
         handle.size = shared->size;
-        return write_export(shared->fd, shared->length, access, prefix_tag, handle);
+        return write_export(shared->fd, shared->size, access, prefix_tag, handle);
     }
 
     result<plugin::imported_prefix> import_shared_prefix(const NxmemIpcHandle& handle,
@@ -389,7 +394,7 @@ public:
                             nxmem::detail::to_hex(held->address) +
                             " and its file does not hold the prefix's bytes: export the prefix");
         }
-        return write_export(held->fd, held->length, access, allocation_tag, handle);
+        return write_export(held->fd, held->size, access, allocation_tag, handle);
     }
 
     // The whole file mapped; its pages are imported bytes until close_imported_allocation.
@@ -435,11 +440,12 @@ private:
         imported_ids_.erase(export_id);
     }
 
-    // Fills the mechanism's part of a handle for the memfd `fd` of `length` bytes: its size
-    // sealed, a new descriptor allowing `access`, the opaque bytes with a new export id.
-    static result<void> write_export(int fd, std::uint64_t length, std::uint32_t access,
+    // Fills the mechanism's part of a handle for the memfd `fd` holding `size` bytes (in whole
+    // pages): its size sealed, a new descriptor allowing `access`, the opaque bytes with a new
+    // export id.
+    static result<void> write_export(int fd, std::uint64_t size, std::uint32_t access,
                                      const std::array<char, 8>& tag, NxmemIpcHandle& handle) {
-        handle_opaque opaque{tag, {}, length};
+        handle_opaque opaque{tag, {}, size};
         if (::getrandom(opaque.export_id.data(), opaque.export_id.size(), 0) !=
             static_cast<ssize_t>(opaque.export_id.size())) {
             const int code = errno;
@@ -456,11 +462,11 @@ private:
     }
 
     // What an import checks before it maps or keeps anything (IP7, IP8): one descriptor, opaque
-    // bytes of this mechanism's export of `what` (by its tag) of the handle's size in whole
-    // pages, the descriptor a memfd of that length with the handle's access, and an export id
+    // bytes of this mechanism's export of `what` (by its tag) of exactly the handle's size, the
+    // descriptor a memfd of that size in whole pages with the handle's access, and an export id
     // this allocator never imported. The id is remembered: forget_import if the import fails later.
-    result<handle_opaque> check_export(const NxmemIpcHandle& handle, const std::array<char, 8>& tag,
-                                       const char* what) {
+    result<checked_export> check_export(const NxmemIpcHandle& handle, const std::array<char, 8>& tag,
+                                        const char* what) {
         handle_opaque opaque{};
         if (handle.fd_count != 1 || handle.opaque_length != sizeof opaque) {
             return fail(status_code::invalid_argument,
@@ -471,7 +477,7 @@ private:
         }
         std::memcpy(&opaque, handle.opaque, sizeof opaque);
         NXMEM_TRY(length, round_up(handle.size, page_bytes(), name));
-        if (opaque.tag != tag || opaque.length != length) {
+        if (opaque.tag != tag || opaque.size != handle.size) {
             return fail(status_code::invalid_argument,
                         std::string(name) + ": the handle's opaque bytes are not a posix-lazy " +
                             what + " export of " + std::to_string(handle.size) + " bytes");
@@ -482,7 +488,7 @@ private:
             return fail(status_code::invalid_argument,
                         std::string(name) + ": this handle was imported here before (a replay)");
         }
-        return opaque;
+        return checked_export{opaque.export_id, length};
     }
 
     struct reservation {

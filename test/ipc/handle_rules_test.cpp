@@ -205,6 +205,10 @@ TEST_CASE("IP1-IP3: a malformed handle record is refused before anything is mapp
                   status_code::invalid_argument, "not a posix-lazy prefix export");
     check_refused(fixture, damaged([](NxmemIpcHandle& h) { h.size += 4096; }),
                   status_code::invalid_argument, "not a posix-lazy prefix export");
+    // Within the last page the file would still fit: the opaque bytes hold the size exactly
+    // (the fuzz campaign of session 9 found this accepted; seed regression-size-within-last-page).
+    check_refused(fixture, damaged([](NxmemIpcHandle& h) { h.size += 1; }),
+                  status_code::invalid_argument, "not a posix-lazy prefix export");
     check_refused(fixture, damaged([](NxmemIpcHandle& h) { h.fd_count = 0; }),
                   status_code::invalid_argument, "1 descriptor");
     // A record from a larger future header is read by the request rule: unknown bytes must be 0.
@@ -453,9 +457,11 @@ TEST_CASE("IP14: a forged, mislabelled, resized, replayed or closed allocation h
     NxmemIpcHandle forged = good;
     forged.opaque[3] ^= 0x40;
     fixture.check_refused(forged, status_code::invalid_argument, "not a posix-lazy allocation export");
-    NxmemIpcHandle resized = good;
-    resized.size += 4096;
-    fixture.check_refused(resized, status_code::invalid_argument, "not a posix-lazy allocation export");
+    for (const std::uint64_t grown : {std::uint64_t{4096}, std::uint64_t{1}}) {
+        NxmemIpcHandle resized = good;
+        resized.size += grown;
+        fixture.check_refused(resized, status_code::invalid_argument, "not a posix-lazy allocation export");
+    }
     const int other_size = sealed_memfd(allocation_fixture::whole_pages + 4096);
     NxmemIpcHandle wrong_file = good;
     wrong_file.fds[0] = other_size;
