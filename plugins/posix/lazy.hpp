@@ -22,6 +22,22 @@
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
 //
+// With share=memfd each allocation is a memfd instead, so it can be exported (ABI.md IP14):
+//   allocate              memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING) + ftruncate to the whole
+//                         pages, mmap(MAP_SHARED|MAP_FIXED, fd) PROT_NONE over an aligned
+//                         reservation (PROT_READ|PROT_WRITE with commit=allocate)
+//   commit                mprotect(PROT_READ|PROT_WRITE), as above
+//   decommit              fallocate(FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE) frees the pages
+//                         (MADV_DONTNEED would not: shmem pages belong to the file) +
+//                         mprotect(PROT_NONE)
+//   release               munmap + close: the file lives on only in importers' mappings
+//   export (allocation)   as a prefix's: the memfd's size sealed, a new descriptor of it, an
+//                         export id; refused while a shared prefix is mapped over the allocation
+//                         (the file does not hold the prefix's bytes: export the prefix)
+//   import (allocation)   the descriptor checked as a prefix's, then the whole file mapped
+//                         MAP_SHARED (read-only imports through a read-only descriptor); the
+//                         mapping keeps the file, no descriptor is kept; close_import munmaps it
+//
 // Ranges: the offset is page-aligned and the length a page multiple, or it reaches the end of the
 // allocation (the last page may be partial). Anything else is INVALID_ARGUMENT and changes
 // nothing. Committing committed pages and decommitting uncommitted ones are successful no-ops.
@@ -30,7 +46,8 @@
 // page by its bytes within the allocation). A shared prefix is costed once, at the prefix level:
 // its whole pages are newly_mapped_bytes of its first mapping and never part of any allocation's
 // mapped_bytes. Pages under a mapped prefix belong to the prefix: commit and decommit leave them
-// alone, and mapping a prefix over committed private pages uncommits them.
+// alone, and mapping a prefix over committed private pages uncommits them. An imported allocation
+// is no allocation here: its whole pages are imported bytes, charged to no budget.
 //
 // Threads: reservations live in a table sharded by address (open addressing: no node per
 // allocation); each has its own mutex, so calls on different allocations share no lock beyond a
@@ -87,6 +104,9 @@ public:
     ~lazy_mechanism() {
         reservations_.take_each([](std::uint64_t, std::shared_ptr<reservation>&& held) {
             unmap(held->address, held->length);
+            if (held->fd >= 0) {
+                ::close(held->fd);
+            }
         });
         prefixes_.for_each([](const prefix_file& held) { ::close(held.fd); });
     }
@@ -110,13 +130,12 @@ public:
             // Committed whole: charged (asking the host to reclaim when short) and mapped usable.
             return budget_.charged<plugin::block>(size, [&] { return map_committed(size, length, placed, huge); });
         }
-        NXMEM_TRY(address, map_aligned(length, placed, PROT_NONE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, name));
+        NXMEM_TRY(memory, map_backing(length, placed, PROT_NONE));
         if (huge) {
-            advise_huge_pages(address, length);
+            advise_huge_pages(memory.address, length);
         }
-        record_reservation(address, size, length, 0);
-        return plugin::block{address, size, 0};
+        record_reservation(memory, size, length, 0);
+        return plugin::block{memory.address, size, 0};
     }
 
     // COMPLETE with unmapped_bytes = the committed private bytes (the prefix is costed apart).
@@ -131,6 +150,9 @@ public:
                         std::string(name) + ": munmap failed: " + errno_text(code));
         }
         held->released = true;
+        if (held->fd >= 0) {
+            ::close(held->fd); // importers' mappings keep the file
+        }
         const std::uint64_t unmapped = held->committed_bytes;
         budget_.credit(unmapped);
         live_allocations_.fetch_sub(1, std::memory_order_relaxed);
@@ -196,11 +218,13 @@ public:
         held->committed.for_each_committed(first, pages.second, [&](const page_run& run) {
             const std::uint64_t at = held->address + run.first * page;
             const std::uint64_t length = (run.second - run.first) * page;
-            if (!reserve_again(at, length)) [[unlikely]] {
-                // The pages go back first; if the protection change then fails (the kernel's
-                // map count), they stay committed, zero-filled, and the failure is reported.
-                (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
-                                MADV_DONTNEED);
+            // Private memory: one mmap frees the pages and reserves the range again. A memfd's
+            // pages (or private ones the kernel would not remap) go back first; if the
+            // protection change then fails (the kernel's map count), they stay committed,
+            // zero-filled, and the failure is reported.
+            const bool reserved_again = held->fd < 0 && reserve_again(at, length);
+            if (!reserved_again) {
+                discard(*held, at, length);
                 if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                PROT_NONE) != 0) {
                     failed = errno;
@@ -237,6 +261,7 @@ public:
         totals.live_allocations = live_allocations_.load(std::memory_order_relaxed);
         totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
         totals.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
+        totals.imported_bytes = imported_allocation_bytes_.load(std::memory_order_relaxed);
         prefixes_.for_each([&totals](const prefix_file& held) {
             (held.imported ? totals.imported_bytes : totals.shared_prefix_bytes) += held.length;
         });
@@ -272,8 +297,11 @@ public:
         if (settings_.populate && !shared->read_only) {
             (void)populate_for_writing(held->address, shared->length, populate_supported_);
         }
-        // The private pages the prefix now covers are gone.
+        // The private pages the prefix now covers are gone (a memfd's stay in the file: freed).
         const std::uint64_t prefix_pages = shared->length / page_bytes();
+        if (held->fd >= 0) {
+            punch_hole(held->fd, 0, shared->length);
+        }
         uncommit(*held, page_run{0, prefix_pages});
         held->prefix = shared;
         held->prefix_pages = prefix_pages;
@@ -297,13 +325,20 @@ public:
 
     // ---- sharing across processes ----
 
-    // The opaque bytes of a posix-lazy handle: a tag, the export's random id, the file's length.
+    // The opaque bytes of a posix-lazy handle: a tag (one per kind), the export's random id, and
+    // the exported size exactly (a size altered within the last page would fit the file too).
     struct handle_opaque {
         std::array<char, 8> tag;
         std::array<std::uint8_t, 16> export_id;
-        std::uint64_t length;
+        std::uint64_t size;
     };
-    static constexpr std::array<char, 8> handle_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', '1'};
+    // What an import learnt from a handle it accepted.
+    struct checked_export {
+        std::array<std::uint8_t, 16> export_id;
+        std::uint64_t length; // the file's: the size in whole pages
+    };
+    static constexpr std::array<char, 8> prefix_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', '1'};
+    static constexpr std::array<char, 8> allocation_tag{'N', 'X', 'P', 'O', 'S', 'I', 'X', 'A'};
 
     result<void> export_shared_prefix(std::uint64_t prefix_id, std::uint32_t access,
                                       NxmemIpcHandle& handle) {
@@ -313,67 +348,77 @@ public:
                         std::string(name) + ": prefix " + std::to_string(prefix_id) +
                             " was imported read-only and cannot be exported read-write");
         }
-        handle_opaque opaque{handle_tag, {}, shared->length};
-        if (::getrandom(opaque.export_id.data(), opaque.export_id.size(), 0) !=
-            static_cast<ssize_t>(opaque.export_id.size())) {
-            const int code = errno;
-            return fail(status_code::internal_error,
-                        std::string(name) + ": getrandom for an export id failed: " + errno_text(code));
-        }
-        NXMEM_TRY_VOID(plugin::seal_memfd_size(shared->fd));
-        NXMEM_TRY(descriptor, plugin::memfd_descriptor_for(shared->fd, access));
         handle.size = shared->size;
-        handle.fd_count = 1;
-        handle.fds[0] = descriptor;
-        handle.opaque_length = sizeof opaque;
-        std::memcpy(handle.opaque, &opaque, sizeof opaque);
-        return boost::outcome_v2::success();
+        return write_export(shared->fd, shared->size, access, prefix_tag, handle);
     }
 
     result<plugin::imported_prefix> import_shared_prefix(const NxmemIpcHandle& handle,
                                                          std::uint32_t access) {
-        handle_opaque opaque{};
-        if (handle.fd_count != 1 || handle.opaque_length != sizeof opaque) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": a prefix handle carries 1 descriptor and " +
-                            std::to_string(sizeof opaque) + " opaque bytes, not " +
-                            std::to_string(handle.fd_count) + " and " +
-                            std::to_string(handle.opaque_length));
-        }
-        std::memcpy(&opaque, handle.opaque, sizeof opaque);
-        NXMEM_TRY(length, round_up(handle.size, page_bytes(), name));
-        if (opaque.tag != handle_tag || opaque.length != length) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": the handle's opaque bytes are not a posix-lazy "
-                                            "prefix export of " + std::to_string(handle.size) + " bytes");
-        }
-        NXMEM_TRY_VOID(plugin::check_imported_memfd(handle.fds[0], length, handle.access, 0));
-        {
-            std::lock_guard lock(imported_mutex_);
-            if (!imported_ids_.insert(opaque.export_id).second) {
-                return fail(status_code::invalid_argument,
-                            std::string(name) + ": this handle was imported here before (a replay)");
-            }
-        }
+        NXMEM_TRY(checked, check_export(handle, prefix_tag, "prefix"));
         const int fd = ::fcntl(handle.fds[0], F_DUPFD_CLOEXEC, 0);
         if (fd < 0) {
             const int code = errno;
-            forget_import(opaque.export_id);
+            forget_import(checked.export_id);
             return fail(status_code::out_of_memory,
                         std::string(name) + ": keeping an imported descriptor failed: " + errno_text(code));
         }
         const std::uint64_t prefix_id = prefixes_.next_id();
         try {
-            auto made = std::make_shared<prefix_file>(prefix_id, fd, handle.size, length);
+            auto made = std::make_shared<prefix_file>(prefix_id, fd, handle.size, checked.length);
             made->imported = true;
             made->read_only = access == NXMEM_IPC_READ_ONLY;
             prefixes_.insert(prefix_id, std::move(made));
         } catch (...) {
             ::close(fd);
-            forget_import(opaque.export_id);
+            forget_import(checked.export_id);
             throw;
         }
-        return plugin::imported_prefix{prefix_id, length};
+        return plugin::imported_prefix{prefix_id, checked.length};
+    }
+
+    // share=memfd only: a private anonymous allocation cannot be handed to another process.
+    result<void> export_allocation(const plugin::allocation_record& record, std::uint32_t access,
+                                   NxmemIpcHandle& handle) {
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        if (held->fd < 0) {
+            return fail(status_code::unsupported_capability,
+                        std::string(name) + ": this allocator's allocations are private anonymous "
+                                            "memory; open it with share=memfd to export them");
+        }
+        if (held->prefix) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": shared prefix " + std::to_string(held->prefix->id) +
+                            " is mapped over the allocation at 0x" +
+                            nxmem::detail::to_hex(held->address) +
+                            " and its file does not hold the prefix's bytes: export the prefix");
+        }
+        return write_export(held->fd, held->size, access, allocation_tag, handle);
+    }
+
+    // The whole file mapped; its pages are imported bytes until close_imported_allocation.
+    result<plugin::imported_allocation> import_allocation(const NxmemIpcHandle& handle,
+                                                          std::uint32_t access) {
+        NXMEM_TRY(checked, check_export(handle, allocation_tag, "allocation"));
+        result<std::uint64_t> address = plugin::map_imported_memfd(handle.fds[0], checked.length, access);
+        if (!address) {
+            forget_import(checked.export_id);
+            return fail(address.error().code, std::string(name) + ": " + address.error().message);
+        }
+        imported_allocation_bytes_.fetch_add(checked.length, std::memory_order_relaxed);
+        return plugin::imported_allocation{address.value(), checked.length};
+    }
+
+    result<void> close_imported_allocation(const plugin::imported_allocation& imported) {
+        if (unmap(imported.address, imported.mapped_bytes) != 0) {
+            const int code = errno;
+            return fail(status_code::internal_error,
+                        std::string(name) + ": munmap of an imported allocation failed: " +
+                            errno_text(code));
+        }
+        imported_allocation_bytes_.fetch_sub(imported.mapped_bytes, std::memory_order_relaxed);
+        return boost::outcome_v2::success();
     }
 
 private:
@@ -395,9 +440,60 @@ private:
         imported_ids_.erase(export_id);
     }
 
+    // Fills the mechanism's part of a handle for the memfd `fd` holding `size` bytes (in whole
+    // pages): its size sealed, a new descriptor allowing `access`, the opaque bytes with a new
+    // export id.
+    static result<void> write_export(int fd, std::uint64_t size, std::uint32_t access,
+                                     const std::array<char, 8>& tag, NxmemIpcHandle& handle) {
+        handle_opaque opaque{tag, {}, size};
+        if (::getrandom(opaque.export_id.data(), opaque.export_id.size(), 0) !=
+            static_cast<ssize_t>(opaque.export_id.size())) {
+            const int code = errno;
+            return fail(status_code::internal_error,
+                        std::string(name) + ": getrandom for an export id failed: " + errno_text(code));
+        }
+        NXMEM_TRY_VOID(plugin::seal_memfd_size(fd));
+        NXMEM_TRY(descriptor, plugin::memfd_descriptor_for(fd, access));
+        handle.fd_count = 1;
+        handle.fds[0] = descriptor;
+        handle.opaque_length = sizeof opaque;
+        std::memcpy(handle.opaque, &opaque, sizeof opaque);
+        return boost::outcome_v2::success();
+    }
+
+    // What an import checks before it maps or keeps anything (IP7, IP8): one descriptor, opaque
+    // bytes of this mechanism's export of `what` (by its tag) of exactly the handle's size, the
+    // descriptor a memfd of that size in whole pages with the handle's access, and an export id
+    // this allocator never imported. The id is remembered: forget_import if the import fails later.
+    result<checked_export> check_export(const NxmemIpcHandle& handle, const std::array<char, 8>& tag,
+                                        const char* what) {
+        handle_opaque opaque{};
+        if (handle.fd_count != 1 || handle.opaque_length != sizeof opaque) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a handle carries 1 descriptor and " +
+                            std::to_string(sizeof opaque) + " opaque bytes, not " +
+                            std::to_string(handle.fd_count) + " and " +
+                            std::to_string(handle.opaque_length));
+        }
+        std::memcpy(&opaque, handle.opaque, sizeof opaque);
+        NXMEM_TRY(length, round_up(handle.size, page_bytes(), name));
+        if (opaque.tag != tag || opaque.size != handle.size) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the handle's opaque bytes are not a posix-lazy " +
+                            what + " export of " + std::to_string(handle.size) + " bytes");
+        }
+        NXMEM_TRY_VOID(plugin::check_imported_memfd(handle.fds[0], length, handle.access, 0));
+        std::lock_guard lock(imported_mutex_);
+        if (!imported_ids_.insert(opaque.export_id).second) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": this handle was imported here before (a replay)");
+        }
+        return checked_export{opaque.export_id, length};
+    }
+
     struct reservation {
-        reservation(std::uint64_t at, std::uint64_t bytes, std::uint64_t whole_pages)
-            : address(at), size(bytes), length(whole_pages) {}
+        reservation(std::uint64_t at, std::uint64_t bytes, std::uint64_t whole_pages, int file)
+            : address(at), size(bytes), length(whole_pages), fd(file) {}
 
         // The bytes of `run` that lie within the allocation (the last page may be partial).
         std::uint64_t bytes_of(const page_run& run) const noexcept {
@@ -409,6 +505,7 @@ private:
         const std::uint64_t address;
         const std::uint64_t size;   // as asked
         const std::uint64_t length; // whole pages
+        const int fd;               // share=memfd: the memory's file; -1: private anonymous
         std::mutex mutex;           // guards everything below
         page_runs committed;
         std::uint64_t committed_bytes = 0;
@@ -433,12 +530,19 @@ private:
                          nxmem::detail::to_hex(record.address)};
     }
 
-    // Tables the new reservation at `address` (`committed` of its bytes committed: 0 or all) and
-    // counts it; unmaps it when the table cannot take it.
-    void record_reservation(std::uint64_t address, std::uint64_t size, std::uint64_t length,
-                                    std::uint64_t committed) {
+    // An allocation's memory as mapped: where, and its memfd (-1 for private anonymous memory).
+    struct backing {
+        std::uint64_t address = 0;
+        int fd = -1;
+    };
+
+    // Tables the new reservation `memory` (`committed` of its bytes committed: 0 or all) and
+    // counts it; unmaps it (and closes its file) when the table cannot take it.
+    void record_reservation(const backing& memory, std::uint64_t size, std::uint64_t length,
+                            std::uint64_t committed) {
+        const std::uint64_t address = memory.address;
         try {
-            auto held = std::make_shared<reservation>(address, size, length);
+            auto held = std::make_shared<reservation>(address, size, length, memory.fd);
             if (committed != 0) {
                 held->committed.insert(0, length / page_bytes());
                 held->committed_bytes = committed;
@@ -446,6 +550,9 @@ private:
             reservations_.insert(address, std::move(held));
         } catch (...) {
             unmap(address, length);
+            if (memory.fd >= 0) {
+                ::close(memory.fd);
+            }
             throw; // the guard reports it
         }
         live_allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -457,20 +564,24 @@ private:
     // once; its `size` has been charged to the budget.
     result<plugin::block> map_committed(std::uint64_t size, std::uint64_t length, std::uint64_t placed,
                                         bool huge) {
-        NXMEM_TRY(address, map_aligned(length, placed, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, name));
+        NXMEM_TRY(memory, map_backing(length, placed, PROT_READ | PROT_WRITE));
+        const std::uint64_t address = memory.address;
         if (huge) {
             advise_huge_pages(address, length);
         }
         if (settings_.populate) {
             if (const int code = populate_for_writing(address, length, populate_supported_); code != 0) {
                 unmap(address, length);
+                if (memory.fd >= 0) {
+                    ::close(memory.fd);
+                }
                 return fail(status_code::out_of_memory,
                             std::string(name) + ": populating " + std::to_string(length) +
                                 " bytes failed: " + errno_text(code));
             }
         }
         try {
-            record_reservation(address, size, length, size);
+            record_reservation(memory, size, length, size);
         } catch (...) {
             budget_.credit(size); // unmapped already
             throw;
@@ -574,8 +685,7 @@ private:
             if (settings_.populate) {
                 if (const int code = populate_for_writing(at, length, populate_supported_);
                     code != 0) {
-                    (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
-                                    MADV_DONTNEED);
+                    discard(held, at, length);
                     (void)::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                      PROT_NONE);
                     failure = error{status_code::out_of_memory,
@@ -615,26 +725,78 @@ private:
 
     // After a failed MAP_FIXED the old pages may be gone: reserve them again, uncommitted.
     void restore_reserved(reservation& held, std::uint64_t length) {
-        (void)::mmap(reinterpret_cast<void*>(held.address), static_cast<std::size_t>(length),
-                     PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (held.fd >= 0) {
+            (void)map_file_at(held.address, length, PROT_NONE, held.fd);
+            punch_hole(held.fd, 0, length);
+        } else {
+            (void)::mmap(reinterpret_cast<void*>(held.address), static_cast<std::size_t>(length),
+                         PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        }
         uncommit(held, page_run{0, length / page_bytes()});
     }
 
-    result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
-        const int fd = ::memfd_create("nxmem-posix-prefix", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0) {
+    // Maps `length` bytes aligned to `alignment` with `protection`: private anonymous memory, or
+    // with share=memfd a new memfd of that length mapped MAP_SHARED over an aligned reservation.
+    result<backing> map_backing(std::uint64_t length, std::uint64_t alignment, int protection) {
+        if (!settings_.share_memfd) {
+            const int flags =
+                MAP_PRIVATE | MAP_ANONYMOUS | (protection == PROT_NONE ? MAP_NORESERVE : 0);
+            NXMEM_TRY(address, map_aligned(length, alignment, protection, flags, name));
+            return backing{address, -1};
+        }
+        result<int> file = plugin::create_shareable_memfd("nxmem-posix-allocation", length);
+        if (!file) {
+            return fail(file.error().code, std::string(name) + ": " + file.error().message);
+        }
+        result<std::uint64_t> reserved = map_aligned(length, alignment, PROT_NONE,
+                                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, name);
+        if (!reserved) {
+            ::close(file.value());
+            return boost::outcome_v2::failure(std::move(reserved).error());
+        }
+        if (!map_file_at(reserved.value(), length, protection, file.value())) {
             const int code = errno;
+            unmap(reserved.value(), length);
+            ::close(file.value());
             return fail(status_code::out_of_memory,
-                        std::string(name) + ": memfd_create failed: " + errno_text(code));
+                        std::string(name) + ": mapping a memfd of " + std::to_string(length) +
+                            " bytes failed: " + errno_text(code));
         }
-        if (length > static_cast<std::uint64_t>(INT64_MAX) ||
-            ::ftruncate(fd, static_cast<off_t>(length)) != 0) {
-            const int code = length > static_cast<std::uint64_t>(INT64_MAX) ? EFBIG : errno;
-            ::close(fd);
-            return fail(status_code::out_of_memory,
-                        std::string(name) + ": sizing a shared prefix to " +
-                            std::to_string(length) + " bytes failed: " + errno_text(code));
+        return backing{reserved.value(), file.value()};
+    }
+
+    // Maps the whole-page range [0, length) of the file `fd` at `address`, replacing what was there.
+    static bool map_file_at(std::uint64_t address, std::uint64_t length, int protection, int fd) noexcept {
+        return ::mmap(reinterpret_cast<void*>(address), static_cast<std::size_t>(length), protection,
+                      MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+    }
+
+    // Frees the pages of [offset, offset + length) of the file `fd`, keeping its size; a failure
+    // leaves them held (the file is freed whole at its last close or unmap).
+    static void punch_hole(int fd, std::uint64_t offset, std::uint64_t length) noexcept {
+        (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                          static_cast<off_t>(length));
+    }
+
+    // Frees the committed pages at [at, at + length) of an allocation, leaving them mapped:
+    // MADV_DONTNEED for private memory, a hole punched in the file for a memfd (whose pages
+    // MADV_DONTNEED would only unmap). For every process mapping the file they read as zeros.
+    static void discard(const reservation& held, std::uint64_t at, std::uint64_t length) noexcept {
+        if (held.fd >= 0) {
+            punch_hole(held.fd, at - held.address, length);
+        } else {
+            (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length), MADV_DONTNEED);
         }
+    }
+
+    result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
+        result<int> file = plugin::create_shareable_memfd("nxmem-posix-prefix", length);
+        if (!file) {
+            return fail(file.error().code, std::string(name) + ": a shared prefix of " +
+                                               std::to_string(length) + " bytes: " +
+                                               file.error().message);
+        }
+        const int fd = file.value();
         const std::uint64_t prefix_id = prefixes_.next_id();
         try {
             prefixes_.insert(prefix_id, std::make_shared<prefix_file>(prefix_id, fd, size, length));
@@ -653,6 +815,7 @@ private:
     std::atomic<std::uint64_t> live_allocations_{0};
     std::atomic<std::uint64_t> reserved_bytes_{0};
     std::atomic<std::uint64_t> mapped_bytes_{0};
+    std::atomic<std::uint64_t> imported_allocation_bytes_{0}; // whole pages of open allocation imports
     prefix_table<prefix_file> prefixes_;
     // The export ids this allocator has imported, closed ones included: a handle imports once.
     std::mutex imported_mutex_;

@@ -4,6 +4,8 @@
 //   budget=BYTES           both: a ceiling on the bytes the allocator costs (suffixes k, M, G)
 //   mmap_threshold=BYTES   posix-eager: requests of this size or more are mmap'd (default 256 KiB)
 //   commit=explicit|allocate  posix-lazy: commit by range (default) or the whole allocation at allocate
+//   share=private|memfd    posix-lazy: allocations are private anonymous memory (default), or each
+//                          is a memfd, so it can be exported to another process (ABI.md IP14)
 // The kit refuses any other option, naming it (an eager option given to lazy included).
 #pragma once
 
@@ -59,6 +61,10 @@ struct lazy_settings : settings {
     // so an engine that uses all of every allocation makes one mmap and one munmap, not also an
     // mprotect per commit. Decommit and commit still work on it as on any allocation.
     bool commit_at_allocate = false;
+    // share=memfd: each allocation's memory is a memfd mapped MAP_SHARED, so export_allocation
+    // can hand it to another process. Off by default: a page of shmem costs more to fault in and
+    // to give back than an anonymous one (bench/ipc_bench.cpp, docs/HOST.md).
+    bool share_memfd = false;
 
     static result<lazy_settings> take(plugin::options& options, const char* mechanism) {
         lazy_settings taken;
@@ -71,6 +77,13 @@ struct lazy_settings : settings {
                             "' is neither 'explicit' nor 'allocate'");
         }
         taken.commit_at_allocate = commit && *commit == "allocate";
+        const std::optional<std::string> share = options.take("share");
+        if (share && *share != "private" && *share != "memfd") {
+            return fail(status_code::invalid_argument,
+                        std::string(mechanism) + ": option 'share' = '" + *share +
+                            "' is neither 'private' nor 'memfd'");
+        }
+        taken.share_memfd = share && *share == "memfd";
         return taken;
     }
 };

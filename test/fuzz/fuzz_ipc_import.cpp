@@ -1,12 +1,16 @@
 // Fuzzes the import path of minor 3 (docs/ABI.md IP rules) end to end: the host's view, the kit's
 // slot, abi::read_ipc_handle and posix-lazy's own checks of descriptors and opaque bytes. Each
-// input damages a fresh, genuine export of a posix-lazy prefix: its record's bytes are overlaid
+// input damages a fresh, genuine export of a posix-lazy prefix or, when the last byte's bit 2 is
+// set, of a posix-lazy allocation (share=memfd) of the same size: its record's bytes are overlaid
 // with the input's, and each descriptor is replaced by one of a menu (the genuine memfd, a pipe,
 // an unsealed memfd, a memfd of another size, a read-only descriptor, -1). Invariants: an import
-// succeeds only for a record that still names the genuine file, size, mechanism and device; a
-// refused import leaves nothing counted; a successful one counts one import of the prefix's pages
-// and nothing once closed; a closed handle never imports again.
-// Input: [struct_size u32][overlay count u8]([offset u8][byte u8])...[descriptor choices u8 x4][access u8]
+// succeeds only for a record that still names the genuine file, kind, size, mechanism and device
+// (and opaque bytes, but for the export id, which only guards against a replay);
+// a refused import leaves nothing counted; a successful one counts one import of the memory's
+// pages (an allocation's mapped readable where it says) and nothing once closed; a closed handle
+// never imports again.
+// Input: [struct_size u32][overlay count u8]([offset u8][byte u8])...[descriptor choices u8 x4][last u8]
+// where the last byte is bit 0: import read-only, bit 1: export read-only, bit 2: an allocation.
 #include "fuzz_support.hpp"
 
 #include <nxmem/host.hpp>
@@ -17,6 +21,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -41,6 +46,9 @@ struct fixture {
     std::optional<host::shared_mapping_view<cpu_device>> mapping;
     std::optional<host::ipc_view<cpu_device>> sharing;
     host::shared_prefix prefix{};
+    std::optional<host::plugin_allocator<cpu_device>> shared_lazy; // share=memfd: exports allocations
+    std::optional<host::ipc_view<cpu_device>> allocation_sharing;
+    std::optional<allocation<cpu_device>> exported;
     int pipe_ends[2] = {-1, -1};
     int unsealed = -1;
     int other_size = -1;
@@ -53,6 +61,11 @@ struct fixture {
         mapping.emplace(lazy->shared_mapping().value());
         sharing.emplace(lazy->ipc().value());
         prefix = mapping->create_prefix(prefix_size).value();
+        shared_lazy.emplace(host::open_allocator<cpu_device>(module, "posix-lazy", 0, "share=memfd").value());
+        allocation_sharing.emplace(shared_lazy->ipc().value());
+        exported = shared_lazy->allocate(prefix_size, 4096).value();
+        shared_lazy->virtual_backing().value().commit(*exported, {0, prefix_size}).value();
+        std::memset(exported->address, 0x6B, prefix_size);
         NXMEM_FUZZ_CHECK(::pipe2(pipe_ends, O_CLOEXEC) == 0);
         unsealed = memfd_of(prefix_pages_bytes, false);
         other_size = memfd_of(prefix_pages_bytes + 4096, true);
@@ -77,10 +90,13 @@ int run_one(const std::uint8_t* data, std::size_t size) {
     input_reader in(data, size);
     const std::uint8_t access_choice = static_cast<std::uint8_t>(size > 0 ? data[size - 1] : 0);
     const std::uint32_t access = access_choice & 1u;
-    host::ipc_handle genuine = f.sharing->export_prefix(f.prefix, (access_choice & 2u) != 0
-                                                                     ? NXMEM_IPC_READ_ONLY
-                                                                     : NXMEM_IPC_READ_WRITE)
-                                   .value();
+    const std::uint32_t exported_access =
+        (access_choice & 2u) != 0 ? NXMEM_IPC_READ_ONLY : NXMEM_IPC_READ_WRITE;
+    const bool of_allocation = (access_choice & 4u) != 0;
+    host::ipc_handle genuine =
+        (of_allocation ? f.allocation_sharing->export_allocation(*f.exported, exported_access)
+                       : f.sharing->export_prefix(f.prefix, exported_access))
+            .value();
     const NxmemIpcHandle original = genuine.record();
 
     std::uint32_t struct_size = in.u32();
@@ -124,16 +140,26 @@ int run_one(const std::uint8_t* data, std::size_t size) {
     NXMEM_FUZZ_CHECK(record->mechanism_id == original.mechanism_id);
     NXMEM_FUZZ_CHECK(record->device.device_type == original.device.device_type &&
                      record->device.index == original.device.index);
-    NXMEM_FUZZ_CHECK(record->kind == NXMEM_IPC_PREFIX && record->size == original.size);
-    NXMEM_FUZZ_CHECK(std::memcmp(record->opaque, original.opaque, original.opaque_length) == 0);
+    NXMEM_FUZZ_CHECK(record->kind == original.kind && record->size == original.size);
+    // The opaque bytes but posix-lazy's export id (bytes 8 to 23): the id only guards against a
+    // handle delivered twice, and another id names another export of the same file, which its
+    // exporter could make anyway (ABI.md IP8).
+    NXMEM_FUZZ_CHECK(record->opaque_length == original.opaque_length);
+    NxmemIpcHandle compared = *record;
+    std::memcpy(compared.opaque + 8, original.opaque + 8, 16);
+    NXMEM_FUZZ_CHECK(std::memcmp(compared.opaque, original.opaque, original.opaque_length) == 0);
     NXMEM_FUZZ_CHECK(access == NXMEM_IPC_READ_ONLY || record->access == NXMEM_IPC_READ_WRITE);
     NXMEM_FUZZ_CHECK((::fcntl(record->fds[0], F_GETFL) & O_ACCMODE) ==
                      (record->access == NXMEM_IPC_READ_ONLY ? O_RDONLY : O_RDWR));
     const allocator_usage usage = f.lazy->query_usage().value();
     NXMEM_FUZZ_CHECK(usage.live_imports == 1 && usage.imported_bytes == prefix_pages_bytes);
+    if (of_allocation) {
+        const auto* memory = static_cast<const unsigned char*>(imported.value().address());
+        NXMEM_FUZZ_CHECK(memory != nullptr && memory[0] == 0x6B && memory[prefix_size - 1] == 0x6B);
+    }
     NXMEM_FUZZ_CHECK(imported.value().close().has_value());
     f.check_nothing_imported();
-    NXMEM_FUZZ_CHECK(!f.sharing->import(original, access)); // a replay, now closed
+    NXMEM_FUZZ_CHECK(!f.sharing->import(*record, access)); // a replay, now closed
     f.check_nothing_imported();
     return 0;
 }

@@ -6,7 +6,11 @@
 //
 // Commands
 //   prefill: fill BYTES | export rw|ro | finish
+//            alloc BYTES | export-alloc rw|ro | check-alloc written   (an allocation, share=memfd)
 //   decode:  import rw|ro | replay | map COUNT | verify | unload-refused | finish
+//            import-alloc rw|ro | read-alloc original|written | write-alloc
+// The prefill side fills its allocation with `pattern`; the decode side checks it and writes the
+// complement, which `check-alloc written` (or `read-alloc written`) then finds.
 // `finish` releases everything, checks that the module unloads and that the process holds no more
 // descriptors than before it started, then answers and exits 0.
 #include <nxmem/host.hpp>
@@ -73,12 +77,37 @@ std::size_t open_descriptors() {
 }
 
 unsigned char pattern(std::uint64_t index) { return static_cast<unsigned char>(index * 131 + 7); }
+unsigned char written_pattern(std::uint64_t index) { return static_cast<unsigned char>(~pattern(index)); }
+
+// Fails the process unless `bytes` bytes at `memory` hold `which` ("original" or "written").
+void expect_bytes(const void* memory, std::uint64_t bytes, const std::string& which) {
+    const auto* seen = static_cast<const unsigned char*>(memory);
+    for (std::uint64_t index = 0; index < bytes; ++index) {
+        const unsigned char wanted = which == "written" ? written_pattern(index) : pattern(index);
+        if (seen[index] != wanted) {
+            give_up("byte " + std::to_string(index) + " of the allocation is not the " + which + " one");
+        }
+    }
+}
+
+std::uint32_t access_named(const std::string& word) {
+    return word == "ro" ? NXMEM_IPC_READ_ONLY : NXMEM_IPC_READ_WRITE;
+}
+
+// Sends an export's handle over the data socket and answers how many descriptors went.
+void send_export(result<host::ipc_handle> exported) {
+    host::ipc_handle handle = must(std::move(exported), "export");
+    (void)must(host::send_handle(data, handle.record()), "send_handle");
+    answer("ok sent " + std::to_string(handle.record().fd_count) + " descriptors");
+}
 
 int run_prefill(const std::string& plugin, std::size_t descriptors_before) {
     std::optional<host::plugin_allocator<cpu_device>> lazy;
     std::optional<host::shared_mapping_view<cpu_device>> mapping;
     host::shared_prefix prefix{};
     std::optional<allocation<cpu_device>> sequence;
+    std::optional<host::plugin_allocator<cpu_device>> shared_lazy; // share=memfd
+    std::optional<allocation<cpu_device>> shared;
     auto module = must(host::plugin_module::load(plugin), "load");
     for (;;) {
         std::istringstream words(next_command());
@@ -101,15 +130,44 @@ int run_prefill(const std::string& plugin, std::size_t descriptors_before) {
             std::string access;
             words >> access;
             auto sharing = must(lazy->ipc(), "ipc view");
-            host::ipc_handle handle = must(
-                sharing.export_prefix(prefix, access == "ro" ? NXMEM_IPC_READ_ONLY : NXMEM_IPC_READ_WRITE),
-                "export_prefix");
-            (void)must(host::send_handle(data, handle.record()), "send_handle");
-            answer("ok sent " + std::to_string(handle.record().fd_count) + " descriptors");
+            send_export(sharing.export_prefix(prefix, access_named(access)));
+        } else if (command == "alloc") {
+            std::uint64_t bytes = 0;
+            words >> bytes;
+            shared_lazy.emplace(must(host::open_allocator<cpu_device>(module, "posix-lazy", 0, "share=memfd"),
+                                     "open share=memfd"));
+            shared = must(shared_lazy->allocate(bytes, 4096), "allocate");
+            (void)must(must(shared_lazy->virtual_backing(), "virtual backing").commit(*shared, {0, bytes}),
+                       "commit");
+            auto* memory = static_cast<unsigned char*>(shared->address);
+            for (std::uint64_t index = 0; index < bytes; ++index) {
+                memory[index] = pattern(index);
+            }
+            answer("ok allocated " + std::to_string(bytes));
+        } else if (command == "export-alloc") {
+            std::string access;
+            words >> access;
+            auto sharing = must(shared_lazy->ipc(), "ipc view");
+            send_export(sharing.export_allocation(*shared, access_named(access)));
+        } else if (command == "check-alloc") {
+            std::string which;
+            words >> which;
+            expect_bytes(shared->address, shared->size, which);
+            answer("ok " + which + " bytes seen");
         } else if (command == "finish") {
-            // The exporter lets go while the importer may still map the prefix.
-            (void)must(lazy->release(*sequence), "release");
-            (void)must(mapping->release_prefix(prefix), "release_prefix");
+            // The exporter lets go while the importer may still map the prefix or the allocation.
+            if (sequence) {
+                (void)must(lazy->release(*sequence), "release");
+                (void)must(mapping->release_prefix(prefix), "release_prefix");
+            }
+            if (shared) {
+                (void)must(shared_lazy->release(*shared), "release");
+                const allocator_usage usage = must(shared_lazy->query_usage(), "query_usage");
+                if (usage.live_allocations != 0 || usage.mapped_bytes != 0) {
+                    give_up("the exporter still counts a released allocation");
+                }
+            }
+            shared_lazy.reset();
             mapping.reset();
             lazy.reset();
             (void)must(module->try_unload(), "try_unload");
@@ -138,6 +196,7 @@ int run_decode(const std::string& plugin, std::size_t descriptors_before) {
     auto& sharing = *sharing_view;
     std::optional<host::ipc_handle> received;
     std::optional<host::imported_memory<cpu_device>> imported;
+    std::optional<host::imported_memory<cpu_device>> imported_allocation;
     std::vector<allocation<cpu_device>> sequences;
     for (;;) {
         std::istringstream words(next_command());
@@ -147,7 +206,7 @@ int run_decode(const std::string& plugin, std::size_t descriptors_before) {
             std::string access;
             words >> access;
             received.emplace(must(host::receive_handle(data), "receive_handle"));
-            const std::uint32_t wanted = access == "ro" ? NXMEM_IPC_READ_ONLY : NXMEM_IPC_READ_WRITE;
+            const std::uint32_t wanted = access_named(access);
             if (received->access() == NXMEM_IPC_READ_ONLY) {
                 // A read-write import of a read-only handle is refused before anything is mapped.
                 auto refused = sharing.import(*received, NXMEM_IPC_READ_WRITE);
@@ -206,6 +265,30 @@ int run_decode(const std::string& plugin, std::size_t descriptors_before) {
                    std::to_string(usage.imported_bytes) + " shared_prefix_bytes " +
                    std::to_string(usage.shared_prefix_bytes) + " live_imports " +
                    std::to_string(usage.live_imports));
+        } else if (command == "import-alloc") {
+            std::string access;
+            words >> access;
+            host::ipc_handle handle = must(host::receive_handle(data), "receive_handle");
+            const std::uint32_t wanted = access_named(access);
+            imported_allocation.emplace(must(sharing.import(handle, wanted), "import"));
+            if (wanted == NXMEM_IPC_READ_ONLY &&
+                ::mprotect(imported_allocation->address(), 4096, PROT_READ | PROT_WRITE) == 0) {
+                give_up("a read-only allocation import became writable");
+            }
+            answer("ok imported " + std::to_string(imported_allocation->mapped_bytes()));
+        } else if (command == "read-alloc") {
+            std::string which;
+            words >> which;
+            expect_bytes(imported_allocation->address(), imported_allocation->size(), which);
+            const allocator_usage usage = must(lazy->query_usage(), "query_usage");
+            answer("ok " + which + " bytes read; imported_bytes " + std::to_string(usage.imported_bytes) +
+                   " mapped_bytes " + std::to_string(usage.mapped_bytes));
+        } else if (command == "write-alloc") {
+            auto* memory = static_cast<unsigned char*>(imported_allocation->address());
+            for (std::uint64_t index = 0; index < imported_allocation->size(); ++index) {
+                memory[index] = written_pattern(index);
+            }
+            answer("ok written");
         } else if (command == "unload-refused") {
             auto refused = module->try_unload();
             if (refused || refused.error().code != status_code::busy) {
@@ -216,12 +299,18 @@ int run_decode(const std::string& plugin, std::size_t descriptors_before) {
             for (const auto& sequence : sequences) {
                 (void)must(lazy->release(sequence), "release");
             }
-            (void)must(imported->close(), "close_import");
+            if (imported) {
+                (void)must(imported->close(), "close_import");
+            }
+            if (imported_allocation) {
+                (void)must(imported_allocation->close(), "close_import");
+            }
             const allocator_usage usage = must(lazy->query_usage(), "query_usage");
             if (usage.live_imports != 0 || usage.imported_bytes != 0) {
                 give_up("imports still counted after close");
             }
             imported.reset();
+            imported_allocation.reset();
             received.reset();
             sharing_view.reset();
             mapping_view.reset();

@@ -1,6 +1,7 @@
 // Sharing a prefix across two real processes (fork + exec of ipc_peer, never threads): a prefill
 // process fills a posix-lazy shared prefix and exports it over a Unix socket; a decode process
-// imports it and maps it into several sequences. The kernel's figures (/proc/PID/smaps_rollup)
+// imports it and maps it into several sequences. The same for an allocation (share=memfd): the
+// importer reads the exporter's bytes and writes its own, which the exporter reads. The kernel's figures (/proc/PID/smaps_rollup)
 // show the prefix counted once across both; SIGKILL of either process at each step leaves the
 // other able to finish: its bytes intact, everything released, the module unloaded, no
 // descriptor left open.
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +27,7 @@ namespace {
 
 constexpr std::uint64_t prefix_bytes = 16u << 20; // 16 MiB
 constexpr int sequences = 4;
+constexpr std::uint64_t allocation_bytes = 4u << 20; // 4 MiB
 
 std::string peer_path() {
     const char* path = std::getenv("NXMEM_IPC_PEER");
@@ -126,7 +129,46 @@ struct data_channel {
     int ends[2];
 };
 
+// The two peers of a case and the data socket between them.
+struct two_peers {
+    data_channel channel;
+    peer prefill{"prefill", channel.ends[0]};
+    peer decode{"decode", channel.ends[1]};
+};
+
+// Asks `who` each of commands[from, to).
+void ask_each(peer& who, const std::vector<std::string>& commands, std::size_t from = 0,
+              std::size_t to = std::string::npos) {
+    for (std::size_t step = from; step < std::min(to, commands.size()); ++step) {
+        who.ask(commands[step]);
+    }
+}
+
+// `finish`: everything released, the module unloaded, no descriptor left; the process exits 0.
+void finish_clean(peer& who) {
+    CHECK(who.ask("finish") == "ok clean");
+    who.expect_clean_exit();
+}
+
+// The exporter runs `exporting`, the importer the first `done` of `importing`; then one of them
+// is killed. The survivor goes on (an importer with the rest of `importing`), runs `afterwards`
+// and finishes clean.
+void kill_one(const std::vector<std::string>& exporting, const std::vector<std::string>& importing,
+              std::size_t done, bool kill_importer, const std::vector<std::string>& afterwards) {
+    two_peers peers;
+    ask_each(peers.prefill, exporting);
+    ask_each(peers.decode, importing, 0, done);
+    (kill_importer ? peers.decode : peers.prefill).kill_now();
+    peer& survivor = kill_importer ? peers.prefill : peers.decode;
+    if (!kill_importer) {
+        ask_each(survivor, importing, done);
+    }
+    ask_each(survivor, afterwards);
+    finish_clean(survivor);
+}
+
 const std::string fill_command = "fill " + std::to_string(prefix_bytes);
+const std::string alloc_command = "alloc " + std::to_string(allocation_bytes);
 const std::string map_command = "map " + std::to_string(sequences);
 
 } // namespace
@@ -187,17 +229,7 @@ TEST_CASE("killing the decode process at any step leaves the prefill process cle
     const std::vector<std::string> steps{"import rw", "replay", map_command, "verify"};
     for (std::size_t killed_after = 0; killed_after <= steps.size(); ++killed_after) {
         DYNAMIC_SECTION("decode killed after " << killed_after << " steps") {
-            data_channel channel;
-            peer prefill("prefill", channel.ends[0]);
-            peer decode("decode", channel.ends[1]);
-            prefill.ask(fill_command);
-            prefill.ask("export rw");
-            for (std::size_t step = 0; step < killed_after; ++step) {
-                decode.ask(steps[step]);
-            }
-            decode.kill_now();
-            CHECK(prefill.ask("finish") == "ok clean");
-            prefill.expect_clean_exit();
+            kill_one({fill_command, "export rw"}, steps, killed_after, true, {});
         }
     }
 }
@@ -209,20 +241,52 @@ TEST_CASE("killing the prefill process at any step leaves the decode process cle
     const std::vector<std::string> steps{"import rw", "replay", map_command, "verify"};
     for (std::size_t killed_after = 0; killed_after < steps.size(); ++killed_after) {
         DYNAMIC_SECTION("prefill killed after " << killed_after << " decode steps") {
-            data_channel channel;
-            peer prefill("prefill", channel.ends[0]);
-            peer decode("decode", channel.ends[1]);
-            prefill.ask(fill_command);
-            prefill.ask("export rw");
-            for (std::size_t step = 0; step < killed_after; ++step) {
-                decode.ask(steps[step]);
-            }
-            prefill.kill_now();
-            for (std::size_t step = killed_after; step < steps.size(); ++step) {
-                decode.ask(steps[step]);
-            }
-            CHECK(decode.ask("finish") == "ok clean");
-            decode.expect_clean_exit();
+            kill_one({fill_command, "export rw"}, steps, killed_after, false, {});
+        }
+    }
+}
+
+TEST_CASE("an allocation written by one process is read by another, whose writes the first sees",
+          "[ipc][processes]") {
+    two_peers peers;
+    CHECK(peers.prefill.ask(alloc_command) == "ok allocated " + std::to_string(allocation_bytes));
+    CHECK(peers.prefill.ask("export-alloc rw") == "ok sent 1 descriptors");
+    CHECK(peers.decode.ask("import-alloc rw") == "ok imported " + std::to_string(allocation_bytes));
+    // The importer counts the allocation as imported bytes, never as its own mapped bytes.
+    CHECK(peers.decode.ask("read-alloc original") ==
+          "ok original bytes read; imported_bytes " + std::to_string(allocation_bytes) + " mapped_bytes 0");
+    peers.decode.ask("write-alloc");
+    CHECK(peers.prefill.ask("check-alloc written") == "ok written bytes seen");
+    std::cout << "two processes: allocation of " << allocation_bytes << " B written by the exporter, "
+              << "read by the importer, whose writes the exporter read back\n";
+    // The exporter releases the allocation and exits; the importer's mapping stays valid.
+    peers.decode.ask("unload-refused");
+    finish_clean(peers.prefill);
+    peers.decode.ask("read-alloc written");
+    finish_clean(peers.decode);
+}
+
+TEST_CASE("a read-only allocation import is refused write access", "[ipc][processes]") {
+    two_peers peers;
+    ask_each(peers.prefill, {alloc_command, "export-alloc ro"});
+    // mprotect(PROT_WRITE) of the read-only mapping fails; the bytes are the exporter's.
+    ask_each(peers.decode, {"import-alloc ro", "read-alloc original"});
+    finish_clean(peers.decode);
+    finish_clean(peers.prefill);
+}
+
+TEST_CASE("killing either process that shares an allocation leaves the other clean",
+          "[ipc][processes]") {
+    const std::vector<std::string> steps{"import-alloc rw", "read-alloc original", "write-alloc"};
+    for (std::size_t done = 0; done <= steps.size(); ++done) {
+        // The exporter then reads the importer's writes if it made them, else its own bytes.
+        DYNAMIC_SECTION("the importer killed after " << done << " steps") {
+            kill_one({alloc_command, "export-alloc rw"}, steps, done, true,
+                     {done == steps.size() ? "check-alloc written" : "check-alloc original"});
+        }
+        // The handle is in the socket's queue or imported already: either way the bytes live.
+        DYNAMIC_SECTION("the exporter killed after " << done << " importer steps") {
+            kill_one({alloc_command, "export-alloc rw"}, steps, done, false, {"read-alloc written"});
         }
     }
 }

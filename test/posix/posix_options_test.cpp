@@ -3,6 +3,8 @@
 // retries once, and otherwise fails with OUT_OF_MEMORY naming the budget.
 #include "posix_support.hpp"
 
+#include <dirent.h>
+
 #include <cstring>
 #include <optional>
 #include <string>
@@ -59,7 +61,9 @@ TEST_CASE("each mechanism's own option is refused by the other and checked by it
                         refusal{"posix-eager", "mmap_threshold=big", "mmap_threshold"},
                         refusal{"posix-eager", "mmap_threshold=1M;mmap_threshold=2M", "mmap_threshold"},
                         refusal{"posix-lazy", "commit=sometimes", "commit"},
-                        refusal{"posix-lazy", "commit=", "commit"}}) {
+                        refusal{"posix-lazy", "commit=", "commit"},
+                        refusal{"posix-eager", "share=memfd", "share"},
+                        refusal{"posix-lazy", "share=anonymous", "share"}}) {
         INFO(bad.mechanism << " with options '" << bad.options << "'");
         auto refused = host::open_allocator<cpu_device>(module, bad.mechanism, 0, bad.options);
         REQUIRE_FALSE(refused);
@@ -69,7 +73,9 @@ TEST_CASE("each mechanism's own option is refused by the other and checked by it
     for (refusal good : {refusal{"posix-eager", "mmap_threshold=0", ""},
                          refusal{"posix-eager", "mmap_threshold=64M;budget=1G", ""},
                          refusal{"posix-lazy", "commit=explicit", ""},
-                         refusal{"posix-lazy", "commit=allocate;huge_pages=1;populate=1", ""}}) {
+                         refusal{"posix-lazy", "commit=allocate;huge_pages=1;populate=1", ""},
+                         refusal{"posix-lazy", "share=private", ""},
+                         refusal{"posix-lazy", "share=memfd;commit=allocate;huge_pages=1;populate=1", ""}}) {
         INFO(good.mechanism << " with options '" << good.options << "'");
         CHECK(host::open_allocator<cpu_device>(module, good.mechanism, 0, good.options));
     }
@@ -310,6 +316,60 @@ TEST_CASE("a host that reclaims too little leaves the charge refused", "[posix][
         CHECK_THAT(refused.error().message, Catch::Contains("even after the host reclaimed"));
         CHECK(reclaims == 1); // asked once, retried once
         REQUIRE(eager.release(held));
+    }
+    REQUIRE(module->try_unload());
+}
+
+namespace {
+std::size_t open_descriptors() {
+    std::size_t count = 0;
+    DIR* listing = ::opendir("/proc/self/fd");
+    REQUIRE(listing != nullptr);
+    while (const dirent* entry = ::readdir(listing)) {
+        count += entry->d_name[0] != '.';
+    }
+    ::closedir(listing);
+    return count;
+}
+} // namespace
+
+TEST_CASE("posix-lazy with share=memfd commits, decommits and releases a memfd's pages like private ones",
+          "[posix][options]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    const std::size_t descriptors_before = open_descriptors();
+    for (const char* options : {"share=memfd", "share=memfd;commit=allocate"}) {
+        INFO("options " << options);
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy", 0, options);
+        auto backing = value_or_fail(lazy.virtual_backing());
+        const std::uint64_t ragged = 10 * page + 100;
+        auto live = value_or_fail(lazy.allocate(ragged, page));
+        CHECK(open_descriptors() == descriptors_before + 1); // the allocation's memfd
+        REQUIRE(backing.commit(live, {0, ragged}));
+        auto* bytes = static_cast<unsigned char*>(live.address);
+        std::memset(bytes, 0x5A, ragged);
+        CHECK(test::resident_pages(live.address, 11) == 11);
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == ragged);
+        // A decommit punches the pages out of the file: gone from memory, not only unmapped.
+        REQUIRE(backing.decommit(live, {0, 8 * page}));
+        CHECK(test::resident_pages(live.address, 8) == 0);
+        CHECK(test::resident_pages(bytes + 8 * page, 3) == 3);
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == ragged - 8 * page);
+        REQUIRE(backing.commit(live, {0, 2 * page}));
+        CHECK(bytes[0] == 0); // recommitted: zero-filled
+        CHECK(bytes[8 * page] == 0x5A);
+        // A prefix mapped over its start replaces the file's pages there (punched out too).
+        auto mapping = value_or_fail(lazy.shared_mapping());
+        auto prefix = value_or_fail(mapping.create_prefix(4 * page));
+        REQUIRE(mapping.commit_prefix(live, prefix));
+        bytes[0] = 0x11;
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == ragged - 8 * page);
+        REQUIRE(lazy.release(live));
+        REQUIRE(mapping.release_prefix(prefix));
+        const allocator_usage usage = value_or_fail(lazy.query_usage());
+        CHECK(usage.live_allocations == 0);
+        CHECK(usage.mapped_bytes == 0);
+        CHECK(open_descriptors() == descriptors_before); // released: the memfd is closed
     }
     REQUIRE(module->try_unload());
 }

@@ -1,17 +1,21 @@
-// Sharing across processes (minor 3), for a mechanism that declares NXMEM_CAP_IPC and shared
-// mapping: a prefix exported and imported back in a child process (fork) that maps it and reads
-// the parent's bytes; forged handles refused; the import counted apart and closed once
-// (docs/ABI.md IP rules). A child that cannot run is a failure naming the step, never a hang:
-// it exits, and the parent waits for it.
+// Sharing across processes (minor 3), for a mechanism that declares NXMEM_CAP_IPC: with shared
+// mapping, a prefix exported and imported back in a child process (fork) that maps it and reads
+// the parent's bytes; forged handles refused; the import counted apart and closed once. Then an
+// allocation, where the mechanism shares allocations with the options given (posix-lazy:
+// share=memfd; UNSUPPORTED_CAPABILITY otherwise, which passes): the child reads the parent's
+// bytes through its import and writes its own, which the parent reads (docs/ABI.md IP rules,
+// IP14). A child that cannot run is a failure naming the step, never a hang: it exits, and the
+// parent waits for it.
 //
 // Device memory (cuda, hip) is not readable here, and a GPU driver cannot be used in a forked
 // child of a process that initialised it: the importer is a second allocator of this process
-// (imports are per allocator), and the round trip, the accounting, the forged handles and the
-// replay are checked without the bytes. The bytes across processes are the plugin's own tests'
+// (imports are per allocator), and the prefix's round trip, the accounting, the forged handles and
+// the replay are checked without the bytes. The bytes across processes are the plugin's own tests'
 // (cuda-vmm: test/cuda/cuda_ipc_test.cpp, and cuda_gpu_tests on a GPU).
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/checks_allocation.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/host/ipc_view.hpp>
 
@@ -37,53 +41,46 @@ struct check_capability_ipc {
     }
 
 private:
-    static constexpr std::uint64_t bytes = 64 * 1024;
+    static finding run_on_host(const subject& target) {
+        using D = cpu_device;
+        constexpr std::uint64_t bytes = 64 * 1024;
+        NXMEM_CONFORM_TRY(opened, "the mechanism opens", session<D>::open(target));
+        auto& allocator = opened.allocator();
+        if ((allocator.capabilities() & NXMEM_CAP_IPC) == 0) {
+            return not_applicable("the mechanism does not declare NXMEM_CAP_IPC");
+        }
+        NXMEM_CONFORM_TRY(sharing, "the ipc view", allocator.ipc());
+        const bool shares_prefixes = (allocator.capabilities() & NXMEM_CAP_SHARED_MAPPING) != 0;
+        if (shares_prefixes) {
+            if (finding prefixes = exchange_prefix(allocator, sharing, bytes);
+                prefixes.verdict != outcome::pass) {
+                return prefixes;
+            }
+        }
+        return exchange_allocation(allocator, sharing, bytes, shares_prefixes);
+    }
 
-    // Opens the mechanism with its views and a prefix of `bytes`, runs
-    // `body(opened, mapping, sharing, prefix)` and releases the prefix.
-    template <Device D, class Body> static finding with_prefix(const subject& target, Body&& body) {
+    template <Device D> static finding run_on_device(const subject& target) {
+        constexpr std::uint64_t bytes = 64 * 1024;
         NXMEM_CONFORM_TRY(opened, "the mechanism opens", session<D>::open(target));
         auto& allocator = opened.allocator();
         if ((allocator.capabilities() & NXMEM_CAP_IPC) == 0) {
             return not_applicable("the mechanism does not declare NXMEM_CAP_IPC");
         }
         if ((allocator.capabilities() & NXMEM_CAP_SHARED_MAPPING) == 0) {
-            return not_applicable("only shared prefixes are exchanged by this check");
+            return not_applicable("on device memory only shared prefixes are exchanged by this check");
         }
         NXMEM_CONFORM_TRY(mapping, "the shared mapping view", allocator.shared_mapping());
         NXMEM_CONFORM_TRY(sharing, "the ipc view", allocator.ipc());
         NXMEM_CONFORM_TRY(prefix, "a shared prefix of 64 KiB", mapping.create_prefix(bytes));
-        const finding verdict = body(opened, mapping, sharing, prefix);
-        (void)mapping.release_prefix(prefix);
-        return verdict;
-    }
-
-    static finding run_on_host(const subject& target) {
-        using D = cpu_device;
-        return with_prefix<D>(target, [](session<D>& opened, host::shared_mapping_view<D>& mapping,
-                                         host::ipc_view<D>& sharing, const host::shared_prefix& prefix) {
-            auto& allocator = opened.allocator();
-            NXMEM_CONFORM_TRY(filled, "an allocation to fill the prefix through", allocator.allocate(bytes, 4096));
-            finding verdict = passed();
-            if (result<prefix_commit> committed = mapping.commit_prefix(filled, prefix); !committed) {
-                verdict = failed("the prefix maps into an allocation", committed.error().describe());
-            } else {
-                std::memset(filled.address, 0x5C, bytes);
-                verdict = exchange(allocator, mapping, sharing, prefix, bytes);
-            }
-            (void)allocator.release(filled);
-            return verdict;
-        });
-    }
-
-    template <Device D> static finding run_on_device(const subject& target) {
-        return with_prefix<D>(target, [&](session<D>& opened, host::shared_mapping_view<D>&,
-                                          host::ipc_view<D>& sharing, const host::shared_prefix& prefix) {
+        const finding verdict = [&]() -> finding {
             NXMEM_CONFORM_TRY(importer, "a second allocator to import into",
                               host::open_allocator<D>(opened.module(), target.mechanism, target.device.index,
                                                       target.options));
             return exchange_in_process(sharing, importer, prefix, bytes);
-        });
+        }();
+        (void)mapping.release_prefix(prefix);
+        return verdict;
     }
 
     // Export, then import into `importer` (another allocator of this process), map, close, replay.
@@ -166,6 +163,117 @@ private:
     }
 
     template <Device D>
+    static finding exchange_prefix(host::plugin_allocator<D>& allocator, host::ipc_view<D>& sharing,
+                                   std::uint64_t bytes) {
+        NXMEM_CONFORM_TRY(mapping, "the shared mapping view", allocator.shared_mapping());
+        NXMEM_CONFORM_TRY(prefix, "a shared prefix of 64 KiB", mapping.create_prefix(bytes));
+        NXMEM_CONFORM_TRY(filled, "an allocation to fill the prefix through", allocator.allocate(bytes, 4096));
+        finding verdict = passed();
+        if (result<prefix_commit> committed = mapping.commit_prefix(filled, prefix); !committed) {
+            verdict = failed("the prefix maps into an allocation", committed.error().describe());
+        } else {
+            std::memset(filled.address, 0x5C, bytes);
+            verdict = exchange(allocator, mapping, sharing, prefix, bytes);
+        }
+        (void)allocator.release(filled);
+        (void)mapping.release_prefix(prefix);
+        return verdict;
+    }
+
+    // An allocation filled with 0x3A, exported read-write; a child imports it, reads the bytes,
+    // writes 0xA3 over them and closes; the parent then reads 0xA3 in its own allocation.
+    template <Device D>
+    static finding exchange_allocation(host::plugin_allocator<D>& allocator, host::ipc_view<D>& sharing,
+                                       std::uint64_t bytes, bool shares_prefixes) {
+        NXMEM_CONFORM_TRY(shared, "an allocation to export", allocator.allocate(bytes, 4096));
+        const finding verdict = [&]() -> finding {
+            if (result<void> usable = detail::make_usable(allocator, shared); !usable) {
+                return failed("the allocation to export is committed whole", usable.error().describe());
+            }
+            std::memset(shared.address, 0x3A, bytes);
+            result<host::ipc_handle> handle = sharing.export_allocation(shared);
+            if (!handle) {
+                if (handle.error().code == status_code::unsupported_capability && shares_prefixes) {
+                    return passed(); // this mechanism, so opened, shares prefixes only
+                }
+                return failed("export_allocation succeeds, or is UNSUPPORTED_CAPABILITY from a "
+                              "mechanism that shares prefixes",
+                              handle.error().describe());
+            }
+            const pid_t child = ::fork();
+            if (child < 0) {
+                return failed("fork for the importing process", std::strerror(errno));
+            }
+            if (child == 0) {
+                ::_exit(import_allocation_in_child(allocator, sharing, handle.value(), bytes));
+            }
+            static const char* const steps[] = {"", "import the allocation",
+                                                "usage counts the import apart",
+                                                "read the exporter's bytes", "close the import",
+                                                "refuse a replay of a closed handle"};
+            if (finding child_found = child_verdict(
+                    child, "the child process imports the allocation, reads and writes it", steps);
+                child_found.verdict != outcome::pass) {
+                return child_found;
+            }
+            const auto* memory = static_cast<const unsigned char*>(shared.address);
+            for (std::uint64_t index = 0; index < bytes; ++index) {
+                if (memory[index] != 0xA3) {
+                    return failed("the exporter reads what the importing process wrote (0xA3)",
+                                  "byte " + std::to_string(index) + " is " + std::to_string(memory[index]));
+                }
+            }
+            return passed();
+        }();
+        (void)allocator.release(shared);
+        return verdict;
+    }
+
+    // Steps 1 and 2 of both children: the import succeeds, and the usage query (where offered)
+    // counts one import of at least `bytes`. 0 when both held, else the step that did not.
+    template <Device D>
+    static int import_counted(host::plugin_allocator<D>& allocator, host::ipc_view<D>& sharing,
+                              const host::ipc_handle& handle, std::uint64_t bytes,
+                              std::optional<host::imported_memory<D>>& imported) {
+        result<host::imported_memory<D>> made = sharing.import(handle);
+        if (!made) {
+            return 1;
+        }
+        imported.emplace(std::move(made).value());
+        if ((allocator.capabilities() & NXMEM_CAP_USAGE_QUERY) != 0) {
+            result<allocator_usage> usage = allocator.query_usage();
+            if (!usage || usage.value().live_imports != 1 || usage.value().imported_bytes < bytes) {
+                return 2;
+            }
+        }
+        return 0;
+    }
+
+    // 0 when everything held, else the number of the step that did not.
+    template <Device D>
+    static int import_allocation_in_child(host::plugin_allocator<D>& allocator, host::ipc_view<D>& sharing,
+                                          const host::ipc_handle& handle, std::uint64_t bytes) {
+        std::optional<host::imported_memory<D>> imported;
+        if (const int failed_step = import_counted(allocator, sharing, handle, bytes, imported)) {
+            return failed_step;
+        }
+        auto* memory = static_cast<unsigned char*>(imported->address());
+        for (std::uint64_t index = 0; index < bytes; ++index) {
+            if (memory[index] != 0x3A) {
+                return 3;
+            }
+        }
+        std::memset(memory, 0xA3, bytes);
+        if (!imported->close()) {
+            return 4;
+        }
+        if (sharing.import(handle)) {
+            return 5;
+        }
+        return 0;
+    }
+
+    template <Device D>
     static finding exchange(host::plugin_allocator<D>& allocator, host::shared_mapping_view<D>& mapping,
                             host::ipc_view<D>& sharing, const host::shared_prefix& prefix,
                             std::uint64_t bytes) {
@@ -181,21 +289,27 @@ private:
         if (child == 0) {
             ::_exit(import_in_child(allocator, mapping, sharing, handle, bytes));
         }
+        static const char* const steps[] = {"", "import", "usage counts the import apart",
+                                            "allocate a sequence", "commit the imported prefix",
+                                            "read the exporter's bytes", "close the import",
+                                            "refuse a replay of a closed handle"};
+        return child_verdict(child, "the child process imports, maps and reads the prefix", steps);
+    }
+
+    // Waits for `child`: exit status 0 passes, a status below N fails naming steps[status], any
+    // other end fails saying how it died.
+    template <std::size_t N>
+    static finding child_verdict(pid_t child, const char* expected, const char* const (&steps)[N]) {
         int status = 0;
         while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
         }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            static const char* const steps[] = {"", "import", "usage counts the import apart",
-                                                "allocate a sequence", "commit the imported prefix",
-                                                "read the exporter's bytes", "close the import",
-                                                "refuse a replay of a closed handle"};
-            const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-            return failed("the child process imports, maps and reads the prefix",
-                          WIFEXITED(status) && code < 8
-                              ? std::string("it failed at: ") + steps[code]
-                              : "it died (status " + std::to_string(status) + ")");
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            return passed();
         }
-        return passed();
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+        return failed(expected, WIFEXITED(status) && code < static_cast<int>(N)
+                                    ? std::string("it failed at: ") + steps[code]
+                                    : "it died (status " + std::to_string(status) + ")");
     }
 
     // 0 when everything held, else the number of the step that did not.
@@ -203,21 +317,15 @@ private:
     static int import_in_child(host::plugin_allocator<D>& allocator, host::shared_mapping_view<D>& mapping,
                                host::ipc_view<D>& sharing, const host::ipc_handle& handle,
                                std::uint64_t bytes) {
-        result<host::imported_memory<D>> imported = sharing.import(handle);
-        if (!imported) {
-            return 1;
-        }
-        if ((allocator.capabilities() & NXMEM_CAP_USAGE_QUERY) != 0) {
-            result<allocator_usage> usage = allocator.query_usage();
-            if (!usage || usage.value().live_imports != 1 || usage.value().imported_bytes < bytes) {
-                return 2;
-            }
+        std::optional<host::imported_memory<D>> imported;
+        if (const int failed_step = import_counted(allocator, sharing, handle, bytes, imported)) {
+            return failed_step;
         }
         result<allocation<D>> sequence = allocator.allocate(bytes, 4096);
         if (!sequence) {
             return 3;
         }
-        result<prefix_commit> committed = mapping.commit_prefix(sequence.value(), imported.value().prefix());
+        result<prefix_commit> committed = mapping.commit_prefix(sequence.value(), imported->prefix());
         if (!committed || committed.value().newly_mapped_bytes != 0) {
             return 4;
         }
@@ -228,7 +336,7 @@ private:
             }
         }
         (void)allocator.release(sequence.value());
-        if (!imported.value().close()) {
+        if (!imported->close()) {
             return 6;
         }
         result<host::imported_memory<D>> replay = sharing.import(handle);

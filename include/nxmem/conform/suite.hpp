@@ -120,7 +120,7 @@ inline constexpr std::array all_checks{
         requirement::allocation, &run_for_device<check_capability_structured_release>},
     check_definition{"capability.host_reclaim", "a refused reclaim fails the allocation cleanly", "Threads and re-entrancy",
         requirement::allocation, &run_for_device<check_capability_host_reclaim>},
-    check_definition{"capability.ipc", "a prefix exported and imported in a child process reads the same bytes (device memory: imported by a second allocator); forged handles refused", "Sharing across processes (minor 3)",
+    check_definition{"capability.ipc", "a prefix (and an allocation, where shared) exported and imported in a child process reads the same bytes (device memory: imported by a second allocator); forged handles refused", "Sharing across processes (minor 3)",
         requirement::allocation, &run_for_device<check_capability_ipc>},
     check_definition{"concurrency.threads", "concurrent use leaves an all-zero unload report", "Threads and re-entrancy",
         requirement::allocation, &run_for_device<check_concurrency_threads>},

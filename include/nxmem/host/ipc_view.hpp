@@ -70,8 +70,11 @@ private:
 
 // An open import. A prefix import's `prefix()` is a local shared prefix: commit it into this
 // process's allocations through the shared-mapping view like a created one (its bytes are
-// imported bytes, never costed here). close() ends it (the destructor closes too, ignoring a
-// failure); allocations mapping the prefix keep their mapping until they are released.
+// imported bytes, never costed here). An allocation import is mapped at `address()`, `size()`
+// bytes readable (and writable for a read-write import), until it is closed; it is no allocation
+// of this process (release, commit and decommit do not apply). close() ends it (the destructor
+// closes too, ignoring a failure); allocations mapping a prefix keep their mapping until they
+// are released.
 template <Device D> class imported_memory {
 public:
     imported_memory(std::shared_ptr<detail::allocator_core> core, const NxmemImport& described) noexcept
@@ -95,6 +98,7 @@ public:
     std::uint64_t size() const noexcept { return described_.size; }
     std::uint64_t mapped_bytes() const noexcept { return described_.mapped_bytes; }
     std::uint64_t import_id() const noexcept { return described_.import_id; }
+    typename D::address_type address() const noexcept { return D::from_wire(described_.address); }
     shared_prefix prefix() const noexcept {
         return shared_prefix{described_.prefix.prefix_id, described_.prefix.size,
                              described_.prefix.mechanism_id,

@@ -178,6 +178,13 @@ private:
             counts_.add(allocator_counts::unrecorded_allocations, -1);
         }
         this_module().live_imports.fetch_sub(imports_.size()); // their prefixes go just below
+        if constexpr (shares_allocations<M>) {
+            for (const auto& [import_id, imported] : imports_) {
+                if (imported.kind == NXMEM_IPC_ALLOCATION) {
+                    (void)mechanism_->close_imported_allocation({imported.address, imported.mapped_bytes});
+                }
+            }
+        }
         if constexpr (offers_shared_mapping<M>) {
             for (const auto& [prefix_id, references] : prefix_references_) {
                 mechanism_->destroy_shared_prefix(prefix_id);
@@ -796,14 +803,25 @@ private:
     }
 
     // ---- sharing across processes (minor 3) ----
-    // An import is the local prefix it made plus one reference on it, the import's, which
-    // close_import drops. The records are kept under prefix_mutex_, beside the references.
+    // A prefix import is the local prefix it made plus one reference on it, the import's, which
+    // close_import drops; an allocation import is the mechanism's mapping, which close_import
+    // unmaps. The records are kept under prefix_mutex_, beside the references.
 
     struct import_record {
-        std::uint64_t prefix_id = 0;
+        std::uint32_t kind = 0;
+        std::uint64_t prefix_id = 0; // a prefix import's local prefix
+        std::uint64_t address = 0;   // an allocation import's mapping
         std::uint64_t size = 0;
+        std::uint64_t mapped_bytes = 0;
         std::uint32_t access = 0;
     };
+
+    [[gnu::cold]] static error kind_not_shared(std::uint32_t kind) {
+        return {status_code::unsupported_capability,
+                std::string(M::name) + " does not share " +
+                    (kind == NXMEM_IPC_ALLOCATION ? "allocations" : "shared prefixes") +
+                    " across processes"};
+    }
 
     static NxmemStatusCode slot_export_handle(NxmemAllocatorVtable* table,
                                               const NxmemExportRequest* raw, NxmemIpcHandle* out,
@@ -819,32 +837,42 @@ private:
                             "unknown export kind " + std::to_string(request.kind) + " or access " +
                                 std::to_string(request.access));
             }
-            if (request.kind == NXMEM_IPC_ALLOCATION) {
-                NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
-                                                     request.allocation.device));
-                return fail(status_code::unsupported_capability,
-                            std::string(M::name) + " shares shared prefixes only, not allocations");
-            }
-            NXMEM_TRY_VOID(object.check_prefix(request.prefix));
-            {
-                std::lock_guard lock(object.prefix_mutex_);
-                if (!object.prefix_references_.contains(request.prefix.prefix_id)) {
-                    return fail(status_code::invalid_argument,
-                                "no live shared prefix with id " +
-                                    std::to_string(request.prefix.prefix_id));
-                }
-            }
             auto handle = abi::make_struct<NxmemIpcHandle>();
             handle.abi_minor = NXMEM_ABI_MINOR;
             handle.mechanism_id = M::mechanism_id;
             handle.device = object.device_.to_wire();
-            handle.kind = NXMEM_IPC_PREFIX;
+            handle.kind = request.kind;
             handle.access = request.access;
             for (std::int32_t& fd : handle.fds) {
                 fd = -1;
             }
-            NXMEM_TRY_VOID(object.mechanism_->export_shared_prefix(request.prefix.prefix_id,
-                                                                   request.access, handle));
+            if (request.kind == NXMEM_IPC_ALLOCATION) {
+                NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
+                                                     request.allocation.device));
+                if constexpr (shares_allocations<M>) {
+                    NXMEM_TRY(record, object.registry_.find(request.allocation));
+                    handle.size = record.size;
+                    NXMEM_TRY_VOID(object.mechanism_->export_allocation(record, request.access, handle));
+                } else {
+                    return boost::outcome_v2::failure(kind_not_shared(request.kind));
+                }
+            } else {
+                NXMEM_TRY_VOID(object.check_prefix(request.prefix));
+                if constexpr (shares_prefixes<M>) {
+                    {
+                        std::lock_guard lock(object.prefix_mutex_);
+                        if (!object.prefix_references_.contains(request.prefix.prefix_id)) {
+                            return fail(status_code::invalid_argument,
+                                        "no live shared prefix with id " +
+                                            std::to_string(request.prefix.prefix_id));
+                        }
+                    }
+                    NXMEM_TRY_VOID(object.mechanism_->export_shared_prefix(request.prefix.prefix_id,
+                                                                           request.access, handle));
+                } else {
+                    return boost::outcome_v2::failure(kind_not_shared(request.kind));
+                }
+            }
             abi::store_output(out, handle);
             return boost::outcome_v2::success();
         });
@@ -863,10 +891,6 @@ private:
             NXMEM_TRY(handle, abi::read_ipc_handle(request.handle));
             NXMEM_TRY_VOID(abi::check_ipc_identity(handle, M::mechanism_id, object.device_.to_wire()));
             NXMEM_TRY_VOID(abi::check_ipc_access(handle, request.access));
-            if (handle.kind != NXMEM_IPC_PREFIX) {
-                return fail(status_code::unsupported_capability,
-                            std::string(M::name) + " imports shared prefixes only, not allocations");
-            }
             {
                 std::lock_guard lock(object.prefix_mutex_);
                 if (object.imports_.contains(request.import_id)) {
@@ -874,39 +898,77 @@ private:
                                 "import id " + std::to_string(request.import_id) + " is live already");
                 }
             }
-            NXMEM_TRY(made, object.mechanism_->import_shared_prefix(handle, request.access));
-            try {
-                std::lock_guard lock(object.prefix_mutex_);
-                object.prefix_references_[made.prefix_id] =
-                    prefix_state{1, handle.size, 0, 0, false}; // the import's: never costed here (IP10)
-                object.imports_[request.import_id] = {made.prefix_id, handle.size, request.access};
-            } catch (...) {
-                {
-                    std::lock_guard lock(object.prefix_mutex_);
-                    object.prefix_references_.erase(made.prefix_id);
-                    object.imports_.erase(request.import_id);
-                }
-                object.mechanism_->destroy_shared_prefix(made.prefix_id);
-                throw;
-            }
-            this_module().live_shared_prefixes.fetch_add(1);
-            this_module().live_imports.fetch_add(1);
             auto imported = abi::make_struct<NxmemImport>();
-            imported.kind = NXMEM_IPC_PREFIX;
+            imported.kind = handle.kind;
             imported.mechanism_id = M::mechanism_id;
             imported.device = object.device_.to_wire();
             imported.import_id = request.import_id;
             imported.size = handle.size;
             imported.access = request.access;
-            imported.prefix = abi::make_struct<NxmemSharedPrefixHandle>();
-            imported.prefix.mechanism_id = M::mechanism_id;
-            imported.prefix.device = object.device_.to_wire();
-            imported.prefix.prefix_id = made.prefix_id;
-            imported.prefix.size = handle.size;
-            imported.mapped_bytes = made.mapped_bytes;
+            if (handle.kind == NXMEM_IPC_ALLOCATION) {
+                if constexpr (shares_allocations<M>) {
+                    NXMEM_TRY(made, object.import_allocation(request, handle));
+                    imported.address = made.address;
+                    imported.mapped_bytes = made.mapped_bytes;
+                } else {
+                    return boost::outcome_v2::failure(kind_not_shared(handle.kind));
+                }
+            } else {
+                if constexpr (shares_prefixes<M>) {
+                    NXMEM_TRY(made, object.import_prefix(request, handle));
+                    imported.prefix = abi::make_struct<NxmemSharedPrefixHandle>();
+                    imported.prefix.mechanism_id = M::mechanism_id;
+                    imported.prefix.device = object.device_.to_wire();
+                    imported.prefix.prefix_id = made.prefix_id;
+                    imported.prefix.size = handle.size;
+                    imported.mapped_bytes = made.mapped_bytes;
+                } else {
+                    return boost::outcome_v2::failure(kind_not_shared(handle.kind));
+                }
+            }
+            this_module().live_imports.fetch_add(1);
             abi::store_output(out, imported);
             return boost::outcome_v2::success();
         });
+    }
+
+    // The mechanism's prefix, recorded as the import's reference; nothing kept on failure.
+    result<imported_prefix> import_prefix(const NxmemImportRequest& request,
+                                          const NxmemIpcHandle& handle) requires shares_prefixes<M> {
+        NXMEM_TRY(made, mechanism_->import_shared_prefix(handle, request.access));
+        try {
+            std::lock_guard lock(prefix_mutex_);
+            prefix_references_[made.prefix_id] =
+                prefix_state{1, handle.size, 0, 0, false}; // the import's: never costed here (IP10)
+            imports_[request.import_id] = {NXMEM_IPC_PREFIX, made.prefix_id, 0, handle.size,
+                                           made.mapped_bytes, request.access};
+        } catch (...) {
+            {
+                std::lock_guard lock(prefix_mutex_);
+                prefix_references_.erase(made.prefix_id);
+                imports_.erase(request.import_id);
+            }
+            mechanism_->destroy_shared_prefix(made.prefix_id);
+            throw;
+        }
+        this_module().live_shared_prefixes.fetch_add(1);
+        return made;
+    }
+
+    // The mechanism's mapping, recorded; unmapped again when the record cannot be kept.
+    result<imported_allocation> import_allocation(const NxmemImportRequest& request,
+                                                  const NxmemIpcHandle& handle)
+        requires shares_allocations<M> {
+        NXMEM_TRY(made, mechanism_->import_allocation(handle, request.access));
+        try {
+            std::lock_guard lock(prefix_mutex_);
+            imports_[request.import_id] = {NXMEM_IPC_ALLOCATION, 0, made.address, handle.size,
+                                           made.mapped_bytes, request.access};
+        } catch (...) {
+            (void)mechanism_->close_imported_allocation(made);
+            throw;
+        }
+        return made;
     }
 
     static NxmemStatusCode slot_close_import(NxmemAllocatorVtable* table, const NxmemImport* raw,
@@ -915,7 +977,7 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(described, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
-            import_record record;
+            typename std::unordered_map<std::uint64_t, import_record>::node_type taken;
             {
                 std::lock_guard lock(object.prefix_mutex_);
                 auto found = object.imports_.find(described.import_id);
@@ -924,19 +986,46 @@ private:
                                 "no live import " + std::to_string(described.import_id) +
                                     " (closed already, or never imported here)");
                 }
-                if (described.kind != NXMEM_IPC_PREFIX || described.size != found->second.size ||
-                    described.access != found->second.access ||
-                    described.prefix.prefix_id != found->second.prefix_id) {
+                const import_record& live = found->second;
+                const bool same_memory = live.kind == NXMEM_IPC_PREFIX
+                                             ? described.prefix.prefix_id == live.prefix_id
+                                             : described.address == live.address;
+                if (described.kind != live.kind || described.size != live.size ||
+                    described.access != live.access || !same_memory) {
                     return fail(status_code::invalid_argument,
                                 "import " + std::to_string(described.import_id) +
-                                    " is misdescribed (kind, size, access or prefix)");
+                                    " is misdescribed (kind, size, access, address or prefix)");
                 }
-                record = found->second;
-                object.imports_.erase(found);
+                taken = object.imports_.extract(found);
             }
-            this_module().live_imports.fetch_sub(1);
-            return object.drop_prefix_reference(record.prefix_id);
+            const bool prefix_import = taken.mapped().kind == NXMEM_IPC_PREFIX;
+            result<void> ended = object.end_import(std::move(taken));
+            if (ended || prefix_import) { // a prefix import is over even if its reference was not
+                this_module().live_imports.fetch_sub(1);
+            }
+            return ended;
         });
+    }
+
+    // Ends an import taken out of imports_; an allocation import that cannot be unmapped goes
+    // back, still open (its node: putting it back allocates nothing).
+    result<void> end_import(typename std::unordered_map<std::uint64_t, import_record>::node_type taken) {
+        const import_record& record = taken.mapped();
+        if constexpr (shares_prefixes<M>) {
+            if (record.kind == NXMEM_IPC_PREFIX) {
+                return drop_prefix_reference(record.prefix_id);
+            }
+        }
+        if constexpr (shares_allocations<M>) {
+            result<void> closed =
+                mechanism_->close_imported_allocation({record.address, record.mapped_bytes});
+            if (!closed) {
+                std::lock_guard lock(prefix_mutex_);
+                imports_.insert(std::move(taken));
+            }
+            return closed;
+        }
+        return boost::outcome_v2::success();
     }
 
     static constexpr NxmemIpcVtable make_ipc_table() noexcept {

@@ -197,23 +197,47 @@ template <class M>
 concept offers_usage_query =
     mechanism<M> && (usage_counts_everything<M> || usage_completes_kit_counts<M>);
 
-// NXMEM_CAP_IPC (minor 3): shared prefixes exported to and imported from other processes. The kit
-// reads and checks the untrusted handle's form, identity and access (abi/ipc_handle.hpp) and fills
-// its header; export_shared_prefix writes the descriptors (new, owned by the caller) and opaque
-// bytes; import_shared_prefix checks what only the mechanism can (descriptors, opaque bytes, a
-// replay) and makes a local prefix the kit then counts like a created one, its one reference the
-// import's. Its bytes are the importer's imported bytes, never its shared_prefix_bytes.
+// NXMEM_CAP_IPC (minor 3): shared prefixes, allocations, or both, exported to and imported from
+// other processes. The kit reads and checks the untrusted handle's form, identity and access
+// (abi/ipc_handle.hpp) and fills its header; the mechanism writes the descriptors (new, owned by
+// the caller) and its opaque bytes, and on import checks what only it can (descriptors, opaque
+// bytes, a replay). A kind the mechanism has no members for is UNSUPPORTED_CAPABILITY.
+//
+// Prefixes: import_shared_prefix makes a local prefix the kit then counts like a created one, its
+// one reference the import's. Its bytes are the importer's imported bytes, never its
+// shared_prefix_bytes.
 struct imported_prefix {
     std::uint64_t prefix_id = 0;
     std::uint64_t mapped_bytes = 0; // what the import maps in this process
 };
 template <class M>
-concept offers_ipc = offers_shared_mapping<M> &&
+concept shares_prefixes = offers_shared_mapping<M> &&
     requires(M& instance, std::uint64_t prefix_id, std::uint32_t access, NxmemIpcHandle& out,
              const NxmemIpcHandle& handle) {
         { instance.export_shared_prefix(prefix_id, access, out) } -> std::same_as<result<void>>;
         { instance.import_shared_prefix(handle, access) } -> std::same_as<result<imported_prefix>>;
     };
+
+// Allocations: export_allocation gets the live allocation's record (checked against the host's
+// description); import_allocation maps the memory and returns where, and the bytes it maps (the
+// importer's imported bytes: the mechanism's usage() reports them); close_imported_allocation
+// unmaps it (the kit calls it for each import still open when the allocator goes). An imported
+// allocation is not an allocation of the importer: it is in no registry and costs no budget.
+struct imported_allocation {
+    std::uint64_t address = 0;
+    std::uint64_t mapped_bytes = 0; // what the import maps in this process
+};
+template <class M>
+concept shares_allocations = mechanism<M> &&
+    requires(M& instance, const allocation_record& record, std::uint32_t access, NxmemIpcHandle& out,
+             const NxmemIpcHandle& handle, const imported_allocation& imported) {
+        { instance.export_allocation(record, access, out) } -> std::same_as<result<void>>;
+        { instance.import_allocation(handle, access) } -> std::same_as<result<imported_allocation>>;
+        { instance.close_imported_allocation(imported) } -> std::same_as<result<void>>;
+    };
+
+template <class M>
+concept offers_ipc = shares_prefixes<M> || shares_allocations<M>;
 
 // A mechanism whose sharing depends on what an allocator finds when it opens (a driver entry
 // point, a device's handle type) says so per allocator: `ipc_available()` false clears
@@ -311,6 +335,15 @@ template <class M> constexpr bool assert_mechanism() {
     static_assert(!requires { &M::commit_granularity; } || states_commit_granularity<M>,
                   "commit_granularity is declared but is not `std::uint64_t commit_granularity() "
                   "const` on a mechanism with virtual backing");
+    static_assert((!requires { &M::export_allocation; } && !requires { &M::import_allocation; } &&
+                   !requires { &M::close_imported_allocation; }) ||
+                      shares_allocations<M>,
+                  "sharing allocations across processes is declared in part or with other "
+                  "signatures: it takes all of `result<void> export_allocation(const "
+                  "allocation_record&, std::uint32_t access, NxmemIpcHandle&)`, "
+                  "`result<imported_allocation> import_allocation(const NxmemIpcHandle&, "
+                  "std::uint32_t access)` and `result<void> close_imported_allocation(const "
+                  "imported_allocation&)`");
     return mechanism<M>;
 }
 

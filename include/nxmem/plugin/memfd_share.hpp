@@ -9,13 +9,17 @@
 //           writable through /proc/self/fd (a process with CAP_DAC_OVERRIDE still can)
 //   import  the descriptor is a regular file that accepts seals (a memfd), both size seals are
 //           set, its size is the size the handle claims, and its access mode is the handle's
-//           access (O_RDWR for read-write, O_RDONLY for read-only)
+//           access (O_RDWR for read-write, O_RDONLY for read-only); an imported allocation is then
+//           mapped MAP_SHARED, writable only for a read-write import
+//
+// create_shareable_memfd makes the file in the first place: a memfd that takes seals, sized.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
 #include <nxmem/nxmem_memory_abi.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +35,38 @@ inline std::string errno_words(int code) { return std::strerror(code); }
 } // namespace detail
 
 inline constexpr int memfd_size_seals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+// A new memfd of `length` bytes (a page multiple) that takes seals, close-on-exec, named `label`
+// in /proc/PID/maps; the caller owns it. OUT_OF_MEMORY when the kernel refuses.
+inline result<int> create_shareable_memfd(const char* label, std::uint64_t length) {
+    const int fd = ::memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        const int code = errno;
+        return fail(status_code::out_of_memory, "memfd_create failed: " + detail::errno_words(code));
+    }
+    if (length > static_cast<std::uint64_t>(INT64_MAX) ||
+        ::ftruncate(fd, static_cast<off_t>(length)) != 0) {
+        const int code = length > static_cast<std::uint64_t>(INT64_MAX) ? EFBIG : errno;
+        ::close(fd);
+        return fail(status_code::out_of_memory, "sizing a memfd to " + std::to_string(length) +
+                                                    " bytes failed: " + detail::errno_words(code));
+    }
+    return fd;
+}
+
+namespace detail {
+// A new read-only descriptor of the file `fd` names (through /proc/self/fd); the caller owns it.
+inline result<int> reopen_read_only(int fd) {
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (reader < 0) {
+        const int code = errno;
+        return fail(status_code::internal_error,
+                    "opening a read-only descriptor of a memfd failed: " + errno_words(code));
+    }
+    return reader;
+}
+} // namespace detail
 
 // Seals the size of the memfd `fd` (created with MFD_ALLOW_SEALING); sealing twice is harmless.
 inline result<void> seal_memfd_size(int fd) {
@@ -62,14 +98,7 @@ inline result<int> memfd_descriptor_for(int fd, std::uint32_t access) {
         return fail(status_code::internal_error,
                     "making a memfd read-only for export failed: " + detail::errno_words(code));
     }
-    const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (reader < 0) {
-        const int code = errno;
-        return fail(status_code::internal_error,
-                    "opening a read-only descriptor of a memfd failed: " + detail::errno_words(code));
-    }
-    return reader;
+    return detail::reopen_read_only(fd);
 }
 
 // OK when `fd` is a memfd of exactly `length` bytes, its size sealed, opened for `access`;
@@ -106,6 +135,31 @@ inline result<void> check_imported_memfd(int fd, std::uint64_t length, std::uint
                       (access == NXMEM_IPC_READ_ONLY ? "read-only" : "read-write") + ")");
     }
     return boost::outcome_v2::success();
+}
+
+// Maps all `length` bytes of `fd`, a descriptor check_imported_memfd accepted, shared: readable,
+// and writable only for a read-write import. A read-only import maps through a read-only
+// descriptor of the file, so no mprotect can make the mapping writable even when the handle was
+// read-write. The mapping keeps the file alive; no descriptor is kept. The caller munmaps it.
+inline result<std::uint64_t> map_imported_memfd(int fd, std::uint64_t length, std::uint32_t access) {
+    const bool read_only = access == NXMEM_IPC_READ_ONLY;
+    int source = fd;
+    if (read_only && (::fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+        NXMEM_TRY(reader, detail::reopen_read_only(fd));
+        source = reader;
+    }
+    void* mapped = ::mmap(nullptr, static_cast<std::size_t>(length),
+                          read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, source, 0);
+    const int code = errno;
+    if (source != fd) {
+        ::close(source);
+    }
+    if (mapped == MAP_FAILED) {
+        return fail(status_code::out_of_memory, "mapping an imported memfd of " +
+                                                    std::to_string(length) +
+                                                    " bytes failed: " + detail::errno_words(code));
+    }
+    return reinterpret_cast<std::uint64_t>(mapped);
 }
 
 } // namespace nxmem::plugin
