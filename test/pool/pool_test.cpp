@@ -26,6 +26,19 @@ template <class T> T value_or_fail(result<T> made) {
     }
     return std::move(made).value();
 }
+// Makes one 4 MiB segment (allocated and released), four 1 MiB pieces split from it in address
+// order, and releases them; returns them.
+template <class Pool> std::vector<allocation<cpu_device>> released_quarters(Pool& pool) {
+    REQUIRE(pool.release(value_or_fail(pool.allocate(4 * mib, 64))));
+    std::vector<allocation<cpu_device>> quarters;
+    for (int i = 0; i < 4; ++i) {
+        quarters.push_back(value_or_fail(pool.allocate(1 * mib, 64)));
+    }
+    for (const auto& quarter : quarters) {
+        REQUIRE(pool.release(quarter));
+    }
+    return quarters;
+}
 } // namespace
 
 
@@ -291,14 +304,7 @@ TEST_CASE("a released span parks in the thread's cache: idle, refused by its old
 TEST_CASE("parked spans go back to the free lists, merged, before the pool grows: caching never makes it hold more", "[pool]") {
     pool_allocator pool(heap_upstream{});
     auto ledger = pool.upstream().ledger();
-    REQUIRE(pool.release(value_or_fail(pool.allocate(4 * mib, 64))));
-    std::vector<allocation<cpu_device>> quarters;
-    for (int i = 0; i < 4; ++i) {
-        quarters.push_back(value_or_fail(pool.allocate(1 * mib, 64))); // split from the one segment
-    }
-    for (const auto& quarter : quarters) {
-        REQUIRE(pool.release(quarter)); // each parks, unmerged
-    }
+    const auto quarters = released_quarters(pool); // each parks, unmerged
     CHECK(pool.usage().idle_bytes == 4 * mib);
     // No parked piece is of its bin, nor any free piece: the pool flushes, merges and serves it.
     auto whole = value_or_fail(pool.allocate(4 * mib, 64));
@@ -321,14 +327,7 @@ TEST_CASE("a thread's next request takes the piece it parked last; span_cache_by
     options.span_cache_bytes = expected.cap;
     pool_allocator pool(heap_upstream{}, options);
     auto ledger = pool.upstream().ledger();
-    REQUIRE(pool.release(value_or_fail(pool.allocate(4 * mib, 64))));
-    std::vector<allocation<cpu_device>> quarters;
-    for (int i = 0; i < 4; ++i) {
-        quarters.push_back(value_or_fail(pool.allocate(1 * mib, 64)));
-    }
-    for (const auto& quarter : quarters) {
-        REQUIRE(pool.release(quarter));
-    }
+    const auto quarters = released_quarters(pool);
     CHECK(pool.usage().idle_bytes == 4 * mib);
     auto next = value_or_fail(pool.allocate(1 * mib, 64));
     CHECK(next.address == quarters[expected.served_by].address);
