@@ -15,7 +15,9 @@
 //                                  allocation from a pool over posix-lazy: peak held / peak live
 //   mixed_trace/ROUTE              the host allocations of a PyTorch transformer forward pass
 //                                  (bench/traces/transformer_forward.trace; NXMEM_BENCH_TRACE
-//                                  overrides), replayed NXMEM_BENCH_PASSES times (20)
+//                                  overrides), replayed NXMEM_BENCH_PASSES times (20); also
+//                                  mixed_trace/pooled_posix_lazy, a pool growing by commit
+//                                  (its spans one arena) beside the pool over posix-eager
 // NXMEM_BENCH_ROUND_TRIPS fixes the round trips' iteration count (for callgrind, below).
 // The figures that matter are the in-run ratios printed after the table (or the "ratios" member
 // of the JSON document with --benchmark_format=json); the load average of the two-thread runs is
@@ -224,18 +226,28 @@ void crossings_benchmark(benchmark::State& state, std::uint64_t live) {
 
 // ---- the KV-cache trace, every block from a pool over posix-lazy ----
 
-void kv_replay_benchmark(benchmark::State& state) {
+// posix-lazy opened for a pool of the benchmark's own; none (the benchmark skipped with the
+// reason) when it cannot be.
+std::optional<plugin_allocator<cpu_device>> open_posix_lazy(benchmark::State& state) {
     subjects& open = opened();
     if (!open.problem.empty()) {
         state.SkipWithError(open.problem.c_str());
-        return;
+        return std::nullopt;
     }
     auto lazy = nxmem::host::open_allocator<cpu_device>(open.module, "posix-lazy", 0);
     if (!lazy) {
         state.SkipWithError(lazy.error().describe().c_str());
+        return std::nullopt;
+    }
+    return std::move(lazy).value();
+}
+
+void kv_replay_benchmark(benchmark::State& state) {
+    std::optional<plugin_allocator<cpu_device>> lazy = open_posix_lazy(state);
+    if (!lazy) {
         return;
     }
-    nxmem::pool_allocator<plugin_allocator<cpu_device>> pool(std::move(lazy).value());
+    nxmem::pool_allocator<plugin_allocator<cpu_device>> pool(std::move(*lazy));
     const nxmem::bench::kv_trace_shape shape;
     nxmem::bench::block_kv_store<decltype(pool)> store(pool, shape);
     for (auto _ : state) {
@@ -272,10 +284,22 @@ void mixed_trace_benchmark(benchmark::State& state, std::string route_name) {
     }
     const auto passes = static_cast<unsigned>(count_from_environment("NXMEM_BENCH_PASSES", 20));
     subjects& open = opened();
-    // The pooled replay runs on a pool of its own, so what it holds is the trace's alone.
+    // The pooled replays run on a pool of their own, so what it holds is the trace's alone: over
+    // posix-eager (growth by allocation: spans are pieces of segments) or over posix-lazy (growth
+    // by commit: spans are pieces of one arena).
     std::unique_ptr<eager_pool> own;
     if (route_name == "pooled" && open.problem.empty()) {
         own = std::make_unique<eager_pool>(*open.eager);
+    } else if (route_name == "pooled_posix_lazy") {
+        std::optional<plugin_allocator<cpu_device>> lazy = open_posix_lazy(state);
+        if (!lazy) {
+            return;
+        }
+        own = std::make_unique<eager_pool>(std::move(*lazy));
+        if (!own->grows_by_commit()) {
+            state.SkipWithError("the pool over posix-lazy does not grow by commit");
+            return;
+        }
     }
     auto replay_through = [&](auto& route, auto&& observe) {
         for (auto _ : state) {
@@ -374,8 +398,14 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
         benchmark::RegisterBenchmark((std::string("mixed_trace/") + route).c_str(), mixed_trace_benchmark, std::string(route))
             ->Iterations(1)->UseManualTime();
     }
-    ratios.push_back({"mixed_trace_held_vs_peak_live", "transformer forward pass, pooled: peak held / peak live (target <= 1.3)",
+    benchmark::RegisterBenchmark("mixed_trace/pooled_posix_lazy", mixed_trace_benchmark, std::string("pooled_posix_lazy"))
+        ->Iterations(1)->UseManualTime();
+    ratios.push_back({"mixed_trace_held_vs_peak_live", "transformer forward pass, pooled over posix-eager (growth by "
+                      "allocation): peak held / peak live",
                       "mixed_trace/pooled", "mixed_trace/pooled", "peak_held", false, "peak_live"});
+    ratios.push_back({"mixed_trace_held_vs_peak_live_posix_lazy", "transformer forward pass, pooled over posix-lazy "
+                      "(growth by commit, one span arena): peak held / peak live (target <= 1.3)",
+                      "mixed_trace/pooled_posix_lazy", "mixed_trace/pooled_posix_lazy", "peak_held", false, "peak_live"});
     for (const char* baseline : baseline_names) {
         ratios.push_back({std::string("mixed_trace_pooled_vs_") + baseline,
                           std::string("transformer forward pass (allocate, write every page, release): pooled / ") + baseline,
@@ -389,6 +419,12 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
                           std::string(route) + ": minor faults of the first forward pass",
                           std::string("mixed_trace/") + route, "", "first_pass_faults"});
     }
+    ratios.push_back({"mixed_trace_faults_per_pass/pooled_posix_lazy",
+                      "pooled over posix-lazy: minor faults per forward pass after the first",
+                      "mixed_trace/pooled_posix_lazy", "", "faults_per_later_pass"});
+    ratios.push_back({"mixed_trace_pooled_posix_lazy_vs_pooled",
+                      "transformer forward pass: pooled over posix-lazy / pooled over posix-eager, ns",
+                      "mixed_trace/pooled_posix_lazy", "mixed_trace/pooled"});
     return ratios;
 }
 

@@ -16,6 +16,7 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace nxmem;
@@ -46,17 +47,18 @@ unsigned char pattern_of(const allocation<cpu_device>& live) {
     return static_cast<unsigned char>(live.allocation_id * 31 + 7);
 }
 
-} // namespace
-
-TEST_CASE("threads allocate, release across threads, by address, while another trims", "[pool][concurrency]") {
+template <class Upstream> void threads_share_one_pool() {
     constexpr int threads = 4;
     constexpr int rounds = 2000;
-    test::heap_upstream upstream;
+    constexpr bool by_commit = std::is_same_v<Upstream, test::committing_upstream>;
+    Upstream upstream;
     auto ledger = upstream.ledger();
     pool_options options;
     options.retain_limit_bytes = 4 << 20; // releases also trim now and then
+    options.reserve_bytes = 1ull << 30;
     {
-        pool_allocator<test::heap_upstream> pool(upstream, options);
+        pool_allocator<Upstream> pool(upstream, options);
+        REQUIRE(pool.grows_by_commit() == by_commit);
         std::vector<mailbox> boxes(threads);
         std::atomic<int> failures{0};
         std::atomic<bool> done{false};
@@ -137,9 +139,28 @@ TEST_CASE("threads allocate, release across threads, by address, while another t
         CHECK(pool.usage().in_use_bytes == 0);
         pool.trim(0);
         CHECK(pool.usage().held_bytes == 0);
-        CHECK(ledger->live_count() == 0);
+        if constexpr (by_commit) {
+            CHECK(upstream.commits->committed_bytes == 0);
+            CHECK(upstream.commits->bad_calls == 0);
+            CHECK(ledger->live_count() == 1); // the reservation
+        } else {
+            CHECK(ledger->live_count() == 0);
+        }
     }
+    CHECK(ledger->live_count() == 0);
     CHECK(ledger->bad_releases == 0);
+}
+
+} // namespace
+
+TEST_CASE("threads allocate, release across threads, by address, while another trims", "[pool][concurrency]") {
+    threads_share_one_pool<test::heap_upstream>();
+}
+
+// Spans are pieces of one arena: threads grow its top at once, commit with the span lock
+// dropped, and release into neighbours that another thread is committing or trim decommitting.
+TEST_CASE("threads share a pool growing by commit (the span arena) while another trims", "[pool][concurrency]") {
+    threads_share_one_pool<test::committing_upstream>();
 }
 
 TEST_CASE("two threads releasing the same allocation: exactly one succeeds", "[pool][concurrency]") {

@@ -60,5 +60,15 @@ TEST_CASE("pooled cuda-vmm grows by commit and trim gives the device memory back
         CHECK(pool->trim(0) == 2 * test::chunk);
         CHECK(fake.counts().device_bytes == 0);
         CHECK(pool->usage().upstream_decommits == 2);
+        // Spans are pieces of the reservation's arena, committed in the device's 2 MiB granules.
+        auto three = value_or_fail(pool->allocate(3 * mib, 256)); // 4 MiB: two granules
+        auto one = value_or_fail(pool->allocate(1 * mib, 256));   // 2 MiB, just above it
+        CHECK(cuda_device::to_wire(one.address) == cuda_device::to_wire(three.address) + 4 * mib);
+        CHECK(fake.counts().reservations == 1);
+        CHECK(fake.counts().device_bytes == 6 * mib);
+        REQUIRE(pool->release_by_address(three.address));
+        REQUIRE(pool->release(one));
+        CHECK(pool->trim(0) == 6 * mib);
+        CHECK(fake.counts().device_bytes == 0);
     });
 }

@@ -103,16 +103,36 @@ TEST_CASE("pooled posix-lazy grows by commit: one reservation, chunks committed 
     CHECK(pool->trim(0) == 2 * chunk);
     CHECK(pool->usage().upstream_decommits == 2);
     CHECK(plugin_usage(*pool).mapped_bytes == 0);
-    // Spans over a lazy upstream are committed whole, once, and reused.
+    // Spans are pieces of the reservation's arena: committed once, and reused.
     for (int cycle = 0; cycle < 10; ++cycle) {
         auto span = value_or_fail(pool->allocate(2 * mib, 64));
         std::memset(span.address, cycle, span.size);
         REQUIRE(pool->release(span));
     }
-    CHECK(pool->usage().upstream_allocations == 2);
+    CHECK(pool->usage().upstream_allocations == 1);
     CHECK(pool->usage().upstream_commits == 3);
+    CHECK(plugin_usage(*pool).mapped_bytes == 2 * mib);
+    // Spans of mixed sizes, some released in between: the arena grows by what it lacks, and
+    // trim(0) with nothing live leaves the plugin holding nothing but the reservation.
+    std::vector<allocation<cpu_device>> spans;
+    for (std::uint64_t size : {300 * kib, 2 * mib, 5 * mib, 64 * kib, 1 * mib}) {
+        spans.push_back(value_or_fail(pool->allocate(size, 64)));
+        std::memset(spans.back().address, 0x5e, size);
+    }
+    REQUIRE(pool->release(spans[1]));
+    spans.erase(spans.begin() + 1);
+    CHECK(pool->trim(0) == 2 * mib);
+    spans.push_back(value_or_fail(pool->allocate(1536 * kib, 64))); // in the decommitted hole
+    std::memset(spans.back().address, 0x5f, spans.back().size);
+    CHECK(pool->usage().held_bytes == plugin_usage(*pool).mapped_bytes);
+    for (const auto& span : spans) {
+        REQUIRE(pool->release_by_address(span.address));
+    }
     pool->trim(0);
+    CHECK(pool->usage().held_bytes == 0);
     CHECK(plugin_usage(*pool).mapped_bytes == 0);
+    CHECK(plugin_usage(*pool).live_allocations == 1); // the reservation
+    CHECK(pool->usage().upstream_allocations == 1);
     pool.reset();
     REQUIRE(module->try_unload());
 }

@@ -26,6 +26,7 @@ template <class T> T value_or_fail(result<T> made) {
     }
     return std::move(made).value();
 }
+
 // Makes one 4 MiB segment (allocated and released), four 1 MiB pieces split from it in address
 // order, and releases them; returns them.
 template <class Pool> std::vector<allocation<cpu_device>> released_quarters(Pool& pool) {
@@ -38,6 +39,14 @@ template <class Pool> std::vector<allocation<cpu_device>> released_quarters(Pool
         REQUIRE(pool.release(quarter));
     }
     return quarters;
+}
+
+// Growth by commit in a small reservation: 32 chunks of 1 MiB below, a 32 MiB span arena above.
+pool_options small_reservation() {
+    pool_options options;
+    options.reserve_bytes = 64 * mib;
+    options.chunk_bytes = 1 * mib;
+    return options;
 }
 } // namespace
 
@@ -471,10 +480,7 @@ TEST_CASE("growth by commit: a native upstream offering virtual backing is reser
     test::committing_upstream upstream;
     auto commits = upstream.commits;
     auto ledger = upstream.ledger();
-    pool_options options;
-    options.reserve_bytes = 64 * mib;
-    options.chunk_bytes = 1 * mib;
-    pool_allocator pool(upstream, options);
+    pool_allocator pool(upstream, small_reservation());
     REQUIRE(pool.grows_by_commit());
     CHECK(ledger->allocations == 1); // the reservation
     std::vector<allocation<cpu_device>> live;
@@ -512,6 +518,113 @@ TEST_CASE("growth by commit: a native upstream offering virtual backing is reser
         CHECK(refused.error().code == status_code::out_of_memory);
         CHECK(pool.usage() == before);
     }
+}
+
+TEST_CASE("growth by commit: spans are pieces of one arena, grown at its top, decommitted by trim and committed again", "[pool]") {
+    test::committing_upstream upstream; // commits in 64 KiB granules
+    auto commits = upstream.commits;
+    auto ledger = upstream.ledger();
+    pool_allocator pool(upstream, small_reservation());
+    REQUIRE(pool.grows_by_commit());
+    auto writable = [](const allocation<cpu_device>& live) { std::memset(live.address, 0x6b, live.size); };
+    auto address_of = [](const allocation<cpu_device>& live) { return reinterpret_cast<std::uintptr_t>(live.address); };
+
+    // Two requests: two pieces side by side, each committed in whole granules, no upstream allocation.
+    auto first = value_or_fail(pool.allocate(100 * kib, 64)); // 128 KiB
+    auto second = value_or_fail(pool.allocate(200 * kib, 64)); // 256 KiB
+    writable(first);
+    writable(second);
+    CHECK(address_of(second) == address_of(first) + 128 * kib);
+    CHECK(ledger->allocations == 1); // the reservation only
+    CHECK(commits->commits == 2);
+    CHECK(commits->committed_bytes == 384 * kib);
+    CHECK(pool.usage().held_bytes == 384 * kib);
+
+    // A released piece serves the next request of its size with no upstream call.
+    REQUIRE(pool.release(first));
+    auto smaller = value_or_fail(pool.allocate(128 * kib, 64));
+    CHECK(address_of(smaller) == address_of(first));
+    CHECK(commits->commits == 2);
+
+    // The top piece free: a larger request extends it, committing only the granules it lacks.
+    REQUIRE(pool.release_by_address(second.address));
+    auto larger = value_or_fail(pool.allocate(512 * kib, 64));
+    writable(larger);
+    CHECK(address_of(larger) == address_of(second));
+    CHECK(commits->commits == 3);
+    CHECK(commits->committed_bytes == 128 * kib + 512 * kib);
+    CHECK(pool.usage().held_bytes == commits->committed_bytes);
+
+    // trim decommits free pieces only; a piece handed out again is committed again.
+    REQUIRE(pool.release(smaller)); // 128 KiB free below a live piece
+    CHECK(pool.trim(0) == 128 * kib);
+    CHECK(commits->committed_bytes == 512 * kib);
+    CHECK(pool.usage().held_bytes == 512 * kib);
+    auto again = value_or_fail(pool.allocate(128 * kib, 64));
+    writable(again); // PROT_NONE unless committed again
+    CHECK(address_of(again) == address_of(first));
+    CHECK(commits->committed_bytes == 640 * kib);
+
+    SECTION("with nothing live, trim(0) leaves nothing committed and lowers the arena's top") {
+        REQUIRE(pool.release(again));
+        REQUIRE(pool.release(larger));
+        CHECK(pool.trim(0) == 640 * kib);
+        CHECK(commits->committed_bytes == 0);
+        CHECK(pool.usage().held_bytes == 0);
+        // The arena starts again at its base.
+        auto fresh = value_or_fail(pool.allocate(1 * mib, 64));
+        writable(fresh);
+        CHECK(address_of(fresh) == address_of(first));
+        REQUIRE(pool.release_by_address(fresh.address));
+        pool.trim(0);
+        CHECK(commits->committed_bytes == 0);
+        CHECK(ledger->allocations == 1);
+    }
+    SECTION("a refused commit is OUT_OF_MEMORY and changes nothing") {
+        commits->refuse_commits_from = commits->commits + 1;
+        const pool_usage before = pool.usage();
+        auto refused = pool.allocate(2 * mib, 64);
+        REQUIRE_FALSE(refused.has_value());
+        CHECK(refused.error().code == status_code::out_of_memory);
+        CHECK(pool.usage() == before);
+        commits->refuse_commits_from = UINT64_MAX;
+        auto granted = value_or_fail(pool.allocate(2 * mib, 64));
+        writable(granted);
+        CHECK(address_of(granted) == address_of(larger) + 512 * kib); // the top came back down
+        REQUIRE(pool.release(granted));
+        REQUIRE(pool.release(again));
+        REQUIRE(pool.release(larger));
+    }
+    SECTION("an address inside a piece, or of a free piece, is not an allocation") {
+        CHECK(pool.release_by_address(static_cast<char*>(larger.address) + 64 * kib).error().code ==
+              status_code::unknown_allocation);
+        CHECK(pool.release_by_address(static_cast<char*>(larger.address) + 512 * kib).error().code ==
+              status_code::unknown_allocation);
+        REQUIRE(pool.release(again));
+        CHECK(pool.release_by_address(again.address).error().code == status_code::unknown_allocation);
+        REQUIRE(pool.release(larger));
+    }
+}
+
+TEST_CASE("growth by commit: neighbouring arena pieces released apart serve one larger request", "[pool]") {
+    test::committing_upstream upstream;
+    auto commits = upstream.commits;
+    pool_allocator pool(upstream, small_reservation());
+    auto lower = value_or_fail(pool.allocate(1 * mib, 64));
+    auto upper = value_or_fail(pool.allocate(3 * mib, 64));
+    auto above = value_or_fail(pool.allocate(1 * mib, 64)); // keeps the two off the arena's top
+    REQUIRE(pool.release(upper));
+    REQUIRE(pool.release(lower));
+    const std::uint64_t commits_before = commits->commits;
+    auto joined = value_or_fail(pool.allocate(4 * mib, 64)); // separate segments could not serve it
+    std::memset(joined.address, 0x2d, joined.size);
+    CHECK(joined.address == lower.address);
+    CHECK(commits->commits == commits_before);
+    CHECK(pool.usage().held_bytes == 5 * mib);
+    REQUIRE(pool.release(joined));
+    REQUIRE(pool.release(above));
+    pool.trim(0);
+    CHECK(commits->committed_bytes == 0);
 }
 
 TEST_CASE("growth by allocation when asked, even over an upstream offering virtual backing", "[pool]") {

@@ -151,9 +151,11 @@ private:
 struct commit_ledger {
     std::mutex mutex;
     std::uint64_t committed_bytes = 0;
+    std::map<std::uint64_t, std::uint64_t> committed_by_allocation; // so a release takes its share back
     std::uint64_t commits = 0;
     std::uint64_t decommits = 0;
     std::uint64_t refuse_commits_from = UINT64_MAX;
+    std::uint64_t bad_calls = 0; // a range outside the allocation, or one mprotect refused
 };
 class committing_backing {
 public:
@@ -164,20 +166,28 @@ public:
         if (ledger_->commits + 1 >= ledger_->refuse_commits_from) {
             return fail(status_code::out_of_memory, "commit refused");
         }
-        REQUIRE(range.offset + range.length <= live.size);
-        REQUIRE(::mprotect(static_cast<char*>(live.address) + range.offset, range.length,
-                           PROT_READ | PROT_WRITE) == 0);
+        // No Catch assertion here: pools call it from many threads.
+        if (range.offset + range.length > live.size ||
+            ::mprotect(static_cast<char*>(live.address) + range.offset, range.length, PROT_READ | PROT_WRITE) != 0) {
+            ++ledger_->bad_calls;
+            return fail(status_code::invalid_argument, "commit of a range outside the allocation");
+        }
         ++ledger_->commits;
         ledger_->committed_bytes += range.length;
+        ledger_->committed_by_allocation[live.allocation_id] += range.length;
         return boost::outcome_v2::success();
     }
     result<void> decommit(const allocation<cpu_device>& live, byte_range range) {
         std::lock_guard lock(ledger_->mutex);
         char* start = static_cast<char*>(live.address) + range.offset;
-        REQUIRE(::madvise(start, range.length, MADV_DONTNEED) == 0);
-        REQUIRE(::mprotect(start, range.length, PROT_NONE) == 0);
+        if (range.offset + range.length > live.size || ::madvise(start, range.length, MADV_DONTNEED) != 0 ||
+            ::mprotect(start, range.length, PROT_NONE) != 0) {
+            ++ledger_->bad_calls;
+            return fail(status_code::invalid_argument, "decommit of a range outside the allocation");
+        }
         ++ledger_->decommits;
         ledger_->committed_bytes -= range.length;
+        ledger_->committed_by_allocation[live.allocation_id] -= range.length;
         return boost::outcome_v2::success();
     }
     result<std::uint64_t> mapped_bytes(const allocation<cpu_device>&) { return ledger_->committed_bytes; }
@@ -191,6 +201,19 @@ static_assert(assert_virtual_backing<committing_backing>());
 struct committing_upstream : mapped_upstream_base {
     committing_upstream() : mapped_upstream_base(PROT_NONE), commits(std::make_shared<commit_ledger>()) {}
     result<committing_backing> virtual_backing() const { return committing_backing(commits); }
+    // Released, an allocation's committed pages are gone with it.
+    result<release_report> release(const allocation<cpu_device>& live) {
+        auto report = mapped_upstream_base::release(live);
+        if (report.has_value()) {
+            std::lock_guard lock(commits->mutex);
+            if (auto found = commits->committed_by_allocation.find(live.allocation_id);
+                found != commits->committed_by_allocation.end()) {
+                commits->committed_bytes -= found->second;
+                commits->committed_by_allocation.erase(found);
+            }
+        }
+        return report;
+    }
     std::shared_ptr<commit_ledger> commits;
 };
 static_assert(offers_virtual_backing<committing_upstream>);

@@ -4,8 +4,9 @@
 //
 // - Small requests (up to 16 KiB) are blocks of a size class, carved from 64 KiB slabs of
 //   chunks taken from the upstream; larger ones up to pass_through_bytes are spans: pieces of
-//   segments (upstream allocations), best fit across sizes, split on allocate and merged with
-//   free neighbours on release (the spans section below); larger still pass straight through.
+//   one arena when growing by commit, else of segments (upstream allocations), best fit across
+//   sizes, split on allocate and merged with free neighbours on release (the spans section
+//   below); larger still pass straight through.
 // - Metadata is out of band: the pool never reads or writes the memory it hands out.
 // - A release is checked as the host adapter checks one (docs/ABI.md M1, M4, M5, M10) in
 //   constant time: the id names the record (pool/detail/pooled_id.hpp).
@@ -15,7 +16,7 @@
 //   park in its shard's span cache (pool/detail/span_cache.hpp) for its next request of the
 //   same bin, without the span lock.
 // - Over an upstream that offers virtual backing (pool/virtual_upstream.hpp) the pool reserves
-//   once and commits chunk by chunk; trim decommits.
+//   once, commits chunk by chunk and span arena granule by granule; trim decommits.
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
@@ -86,7 +87,8 @@ public:
         for (std::uint64_t index = 0; index < next_span_; ++index) {
             // A segment's first piece (no lower neighbour) gives the segment back.
             span_type& piece = spans_[index];
-            if (piece.state != pool_detail::span_state::unused && piece.lower == pool_detail::none) {
+            if (piece.state != pool_detail::span_state::unused && !piece.in_arena &&
+                piece.lower == pool_detail::none) {
                 (void)upstream_.release(piece.segment);
             }
         }
@@ -168,18 +170,22 @@ public:
         return release(*live);
     }
 
-    // Gives idle memory back to the upstream (idle span segments, once the span pieces parked in
-    // the shards' caches are back in the free lists, then chunks with no block in use)
-    // until at most keep_bytes are idle or nothing idle is left to give; free blocks of slabs
-    // still in use stay. Returns the bytes given back.
+    // Gives idle memory back to the upstream (once the span pieces parked in the shards' caches
+    // are back in the free lists: the committed granules of free arena pieces, idle span
+    // segments, then chunks with no block in use) until at most keep_bytes are idle or nothing
+    // idle is left to give; free blocks of slabs still in use stay. Returns the bytes given back.
     std::uint64_t trim(std::uint64_t keep_bytes = 0) {
         flush_span_caches(); // parked pieces are idle: back to the free lists, merged, first
         const pool_usage now = usage();
         if (now.idle_bytes <= keep_bytes) {
+            lower_arena_top_locked();
             return 0;
         }
         const std::uint64_t excess = now.idle_bytes - keep_bytes;
-        std::uint64_t given = give_back_idle_segments(excess);
+        std::uint64_t given = decommit_free_arena(excess);
+        if (given < excess) {
+            given += give_back_idle_segments(excess - given);
+        }
         if (given < excess) {
             retire_idle_current_slabs();
             given += give_back_free_chunks(excess - given);
@@ -620,7 +626,7 @@ private:
     result<void> grow_by_commit() {
         std::optional<std::uint32_t> slot = take_chunk_slot();
         if (!slot.has_value()) {
-            return out_of_memory("the pool's reservation of " +
+            return out_of_memory("the chunks' half of the pool's reservation of " +
                                  std::to_string(reservation_->size) + " bytes is fully committed");
         }
         if constexpr (backing_type::possible) {
@@ -761,8 +767,17 @@ private:
         mechanism_id_.store(reserved.value().mechanism_id, std::memory_order_relaxed);
         mechanism_known_.store(true, std::memory_order_relaxed);
         reservation_ = reserved.value();
-        chunk_limit_ = wanted / chunk_bytes_;
+        // The lower half holds the chunks of small blocks, chunk i at offset i * chunk_bytes (an
+        // address finds its chunk by a division); the upper half is the span arena, growing up
+        // from its base, so that free span pieces merge across what were separate requests.
+        // Address space costs nothing until committed: two fixed halves never meet, and neither
+        // needs a map of the other.
+        const std::uint64_t chunk_region = pool_classes::round_up(wanted / 2, chunk_bytes_);
+        chunk_limit_ = chunk_region / chunk_bytes_;
         const std::uint64_t base = device_type::to_wire(reserved.value().address);
+        arena_offset_ = chunk_region;
+        arena_base_ = base + chunk_region;
+        arena_limit_ = std::min(wanted - chunk_region, granule_directory::capacity * granule_);
         try {
             ranges_.emplace(base, mapped_range{base + wanted, false, 0});
         } catch (const std::bad_alloc&) {
@@ -777,16 +792,27 @@ private:
 
     // ---- spans ----
     //
-    // A large request is a piece of a segment: one upstream allocation, cut into pieces that
-    // partition it in address order (each piece knows its lower and higher neighbour). A request
-    // takes the best-fitting free piece of any segment (its bytes rounded up to the granule)
-    // and splits off what it does not need as a new free piece; a released piece merges with a
-    // free neighbour on either side. Only when no free piece fits does the pool call the
-    // upstream, for a segment of exactly the request's bytes. Free pieces are listed by size bin
-    // (four per doubling, pool_classes::bin_of), with a bitmap of the bins that have any, so a
-    // search looks at the request's bin and the first non-empty bin above it. A segment whose one
-    // piece is free is idle: trim gives it back whole. The records live in spans_, so an id still
-    // names its record in constant time; everything about pieces is behind span_lock_.
+    // A large request is a piece of the arena (growth by commit) or of a segment (growth by
+    // allocation): pieces partition the arena or segment in address order, each knowing its lower
+    // and higher neighbour. A request takes the best-fitting free piece (its bytes rounded up to
+    // the granule) and splits off what it does not need as a new free piece; a released piece
+    // merges with a free neighbour on either side. Free pieces are listed by size bin (four per
+    // doubling, pool_classes::bin_of), with a bitmap of the bins that have any, so a search looks
+    // at the request's bin and the first non-empty bin above it. The records live in spans_, so an
+    // id still names its record in constant time; everything about pieces is behind span_lock_.
+    //
+    // When no free piece fits:
+    // - the arena grows at its top: a free top piece is extended, else a piece starts at the top;
+    //   only its granules not yet committed are committed, with the span lock dropped (the piece
+    //   is busy meanwhile, and the arena's top already above it, so a concurrent miss grows above
+    //   it). Free pieces merge across what were separate requests, which segments cannot do: on
+    //   the transformer trace this is what brings held / peak live under 1.3 (docs/HOST.md
+    //   "Pools"). Which granules are committed is kept per granule (granules_), and how many per
+    //   piece: trim decommits the committed granules of free pieces, and a piece handed out again
+    //   commits what trim took.
+    // - growing by allocation (or when the arena is full), the pool calls the upstream for a
+    //   segment of exactly the request's bytes; a segment whose one piece is free is idle, and
+    //   trim gives it back whole.
 
     result<allocation<device_type>> allocate_span(std::uint64_t size, std::uint64_t alignment) {
         if (size > pass_through_bytes_) {
@@ -801,26 +827,35 @@ private:
         // A miss: the thread's own parked pieces join the free lists first, so best fit sees them
         // (left parked, they would make it split pieces it would have kept whole).
         flush_span_cache(own_cache);
-        if (auto fitted = allocate_from_free_pieces(bytes, size, alignment); fitted.has_value()) {
+        if (auto fitted = allocate_from_free_pieces(bytes, size, alignment, false); fitted.has_value()) {
             return std::move(*fitted);
         }
         // ---- span cache: before the pool grows, every parked piece goes back (merging) ----
-        if (flush_span_caches() != 0) {
-            if (auto fitted = allocate_from_free_pieces(bytes, size, alignment); fitted.has_value()) {
-                return std::move(*fitted);
-            }
+        flush_span_caches();
+        if (auto fitted = allocate_from_free_pieces(bytes, size, alignment, true); fitted.has_value()) {
+            return std::move(*fitted);
         }
         return allocate_new_span(bytes, size, alignment, false);
     }
 
-    // The best-fitting free piece, split and handed out; none when no free piece fits.
-    std::optional<result<allocation<device_type>>> allocate_from_free_pieces(std::uint64_t bytes, std::uint64_t size,
-                                                                             std::uint64_t alignment) {
+    // The best-fitting free piece, split and handed out; else, when `may_grow_arena`, a piece at
+    // the top of the arena (growth by commit); none when neither can be had.
+    std::optional<result<allocation<device_type>>>
+    allocate_from_free_pieces(std::uint64_t bytes, std::uint64_t size, std::uint64_t alignment, bool may_grow_arena) {
         span_lock_.lock();
         if (const std::uint32_t fit = best_free_piece(bytes, alignment); fit != pool_detail::none) {
             span_type& piece = spans_[fit];
             unlist_free_piece(piece);
-            return hand_out_piece(piece, bytes, size, alignment);
+            keep_only(piece, bytes);
+            if (piece.committed_bytes == piece.bytes) [[likely]] {
+                return hand_out_piece(piece, size, alignment);
+            }
+            return commit_and_hand_out(piece, size, alignment);
+        }
+        if (may_grow_arena && arena_limit_ != 0) {
+            if (span_type* grown = grow_arena(bytes, alignment); grown != nullptr) {
+                return commit_and_hand_out(*grown, size, alignment);
+            }
         }
         span_lock_.unlock();
         return std::nullopt;
@@ -850,6 +885,9 @@ private:
             if (piece.bytes >= bytes && piece.base % alignment == 0 &&
                 (best == pool_detail::none || piece.bytes < spans_[best].bytes)) {
                 best = at;
+                if (piece.bytes == bytes) {
+                    break; // none fits better (a pool of one size, the KV cache's, lists many)
+                }
             }
         }
         return best;
@@ -878,7 +916,7 @@ private:
         }
         free_pieces_[bin] = piece.index;
         free_bins_[bin / 64] |= std::uint64_t{1} << (bin % 64);
-        free_piece_bytes_.fetch_add(piece.bytes, std::memory_order_relaxed);
+        free_piece_bytes_.fetch_add(piece.committed_bytes, std::memory_order_relaxed);
     }
     void unlist_free_piece(span_type& piece) noexcept {
         const std::uint32_t bin = pool_classes::bin_of(piece.bytes);
@@ -894,31 +932,46 @@ private:
             spans_[piece.next].previous = piece.previous;
         }
         piece.previous = piece.next = pool_detail::none;
-        free_piece_bytes_.fetch_sub(piece.bytes, std::memory_order_relaxed);
+        free_piece_bytes_.fetch_sub(piece.committed_bytes, std::memory_order_relaxed);
     }
 
-    // Under span_lock_, a piece in no free list: keeps `bytes` of it (the rest becomes a free
-    // piece above it, when a record for it can be had; else the piece is handed out whole) and
-    // hands it out. Drops the lock.
-    result<allocation<device_type>> hand_out_piece(span_type& piece, std::uint64_t bytes, std::uint64_t size,
-                                                   std::uint64_t alignment) {
-        if (piece.bytes > bytes && !piece.pass_through) {
-            if (std::optional<std::uint32_t> index = take_span_index(); index.has_value()) {
-                span_type& rest = spans_[*index];
-                rest.base = piece.base + bytes;
-                rest.bytes = piece.bytes - bytes;
-                rest.segment = piece.segment;
-                rest.pass_through = false;
-                rest.lower = piece.index;
-                rest.higher = piece.higher;
-                if (piece.higher != pool_detail::none) {
-                    spans_[piece.higher].lower = rest.index;
-                }
-                piece.higher = rest.index;
-                piece.bytes = bytes;
-                list_free_piece(rest);
-            }
+    // Under span_lock_, a piece in no free list: what it holds beyond `bytes` becomes a free piece
+    // above it, when a record for it can be had (else the piece is handed out whole).
+    void keep_only(span_type& piece, std::uint64_t bytes) noexcept {
+        if (piece.bytes <= bytes || piece.pass_through) {
+            return;
         }
+        std::optional<std::uint32_t> index = take_span_index();
+        if (!index.has_value()) {
+            return;
+        }
+        span_type& rest = spans_[*index];
+        rest.base = piece.base + bytes;
+        rest.bytes = piece.bytes - bytes;
+        rest.segment = piece.segment;
+        rest.pass_through = false;
+        rest.in_arena = piece.in_arena;
+        rest.committed_bytes = piece.committed_bytes == piece.bytes ? rest.bytes
+                               : piece.committed_bytes == 0       ? 0
+                                                                  : committed_bytes_in(rest.base, rest.bytes);
+        rest.lower = piece.index;
+        rest.higher = piece.higher;
+        if (piece.higher != pool_detail::none) {
+            spans_[piece.higher].lower = rest.index;
+        } else if (piece.in_arena) {
+            arena_top_ = rest.index;
+        }
+        if (rest.in_arena) {
+            granules_[granule_of(rest.base)].starting_piece = rest.index;
+        }
+        piece.higher = rest.index;
+        piece.bytes = bytes;
+        piece.committed_bytes -= rest.committed_bytes;
+        list_free_piece(rest);
+    }
+
+    // Under span_lock_, a piece in no free list, all of it committed: hands it out. Drops the lock.
+    result<allocation<device_type>> hand_out_piece(span_type& piece, std::uint64_t size, std::uint64_t alignment) {
         piece.state = pool_detail::span_state::live;
         ++span_live_allocations_;
         span_in_use_bytes_ += size;
@@ -931,6 +984,233 @@ private:
         return handed;
     }
 
+    // Under span_lock_, an arena piece in no free list with granules not committed: commits them
+    // with the lock dropped (the piece busy meanwhile) and hands it out; when the upstream
+    // refuses, the piece is free again (what was committed stays, counted) and the arena's top
+    // comes down if it can. Drops the lock.
+    [[gnu::noinline]] result<allocation<device_type>> commit_and_hand_out(span_type& piece, std::uint64_t size,
+                                                                          std::uint64_t alignment) {
+        piece.state = pool_detail::span_state::busy;
+        const std::uint64_t base = piece.base;
+        const std::uint64_t bytes = piece.bytes;
+        span_lock_.unlock();
+        std::optional<error> refused;
+        const std::uint64_t committed = change_commitment(base, bytes, true, refused);
+        span_lock_.lock();
+        piece.committed_bytes += committed;
+        if (!refused.has_value()) [[likely]] {
+            return hand_out_piece(piece, size, alignment);
+        }
+        put_back_piece(piece);
+        lower_arena_top();
+        span_lock_.unlock();
+        return std::move(*refused);
+    }
+
+    // Outside every lock, by the one thread that holds the arena piece [base, base + bytes) busy:
+    // commits (or decommits) each run of its granules not yet in that state, one upstream call a
+    // run, and counts them. Returns the bytes changed; stops at the first refusal (`refused`).
+    std::uint64_t change_commitment(std::uint64_t base, std::uint64_t bytes, bool commit, std::optional<error>& refused) {
+        std::uint64_t changed = 0;
+        if constexpr (backing_type::possible) {
+            const std::uint64_t first = granule_of(base);
+            const std::uint64_t end = first + bytes / granule_;
+            for (std::uint64_t at = first; at < end;) {
+                if (granules_[at].committed == commit) {
+                    ++at;
+                    continue;
+                }
+                std::uint64_t run_end = at + 1;
+                while (run_end < end && granules_[run_end].committed != commit) {
+                    ++run_end;
+                }
+                const byte_range range{arena_offset_ + at * granule_, (run_end - at) * granule_};
+                auto done = commit ? backing_.view->commit(*reservation_, range)
+                                   : backing_.view->decommit(*reservation_, range);
+                if (!done.has_value()) {
+                    refused = commitment_refused(commit, range.length, done.error());
+                    break;
+                }
+                for (std::uint64_t granule = at; granule < run_end; ++granule) {
+                    granules_[granule].committed = commit;
+                }
+                if (commit) {
+                    upstream_commits_.fetch_add(1, std::memory_order_relaxed);
+                    held_bytes_.fetch_add(range.length, std::memory_order_relaxed);
+                } else {
+                    upstream_decommits_.fetch_add(1, std::memory_order_relaxed);
+                    held_bytes_.fetch_sub(range.length, std::memory_order_relaxed);
+                }
+                changed += range.length;
+                at = run_end;
+            }
+        }
+        (void)base;
+        (void)bytes;
+        (void)commit;
+        (void)refused;
+        return changed;
+    }
+
+    // Under span_lock_, when no free piece fits: the arena grows at its top by `bytes`, nothing of
+    // it committed yet. A free top piece that starts aligned is extended; else a piece starts at
+    // the top, aligned (a gap below it, for an alignment beyond the granule, becomes free space).
+    // Returns the piece, in no list; null, nothing changed, when the arena cannot hold it or the
+    // host has no memory for the records.
+    span_type* grow_arena(std::uint64_t bytes, std::uint64_t alignment) noexcept {
+        span_type* top = arena_top_ != pool_detail::none ? &spans_[arena_top_] : nullptr;
+        const bool top_free = top != nullptr && top->state == pool_detail::span_state::free;
+        const std::uint64_t end = arena_base_ + arena_end_;
+        const bool extend = top_free && top->base % alignment == 0;
+        const std::uint64_t start = extend ? top->base : pool_classes::round_up(end, alignment);
+        const std::uint64_t new_end = start + bytes - arena_base_;
+        if (new_end > arena_limit_ || !make_granules_for(new_end)) {
+            return nullptr;
+        }
+        if (extend) {
+            // Above the old end nothing is committed: the piece's committed bytes stay.
+            unlist_free_piece(*top);
+            top->bytes = bytes;
+            arena_end_ = new_end;
+            return top;
+        }
+        std::optional<std::uint32_t> index = take_span_index();
+        if (!index.has_value()) {
+            return nullptr;
+        }
+        if (start > end) {
+            if (top_free) {
+                unlist_free_piece(*top);
+                top->bytes += start - end;
+                list_free_piece(*top);
+            } else {
+                std::optional<std::uint32_t> gap = take_span_index();
+                if (!gap.has_value()) {
+                    free_span_index(*index);
+                    return nullptr;
+                }
+                list_free_piece(append_arena_piece(*gap, end, start - end));
+            }
+        }
+        span_type& piece = append_arena_piece(*index, start, bytes);
+        piece.state = pool_detail::span_state::busy;
+        return &piece;
+    }
+    // Under span_lock_: record `index` becomes the arena's new top piece, [base, base + bytes),
+    // nothing committed, in no list.
+    span_type& append_arena_piece(std::uint32_t index, std::uint64_t base, std::uint64_t bytes) noexcept {
+        span_type& piece = spans_[index];
+        piece.base = base;
+        piece.bytes = bytes;
+        piece.committed_bytes = 0;
+        piece.segment = *reservation_;
+        piece.pass_through = false;
+        piece.in_arena = true;
+        piece.lower = arena_top_;
+        piece.higher = pool_detail::none;
+        if (arena_top_ != pool_detail::none) {
+            spans_[arena_top_].higher = index;
+        }
+        arena_top_ = index;
+        arena_end_ = base + bytes - arena_base_;
+        granules_[granule_of(base)].starting_piece = index;
+        return piece;
+    }
+    // Under span_lock_: the granules' records exist up to `end` bytes into the arena.
+    bool make_granules_for(std::uint64_t end) noexcept {
+        const std::uint64_t count = end / granule_;
+        try {
+            for (std::uint64_t at = arena_end_ / granule_; at < count; at += granule_directory::leaf_size) {
+                granules_.make_leaf_for(at);
+            }
+            if (count != 0) {
+                granules_.make_leaf_for(count - 1);
+            }
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+        return true;
+    }
+    // Under span_lock_: a free top piece with nothing committed leaves the arena, whose top comes
+    // down to its base (its free neighbour below, if any, merged with it already).
+    void lower_arena_top() noexcept {
+        if (arena_top_ == pool_detail::none) {
+            return;
+        }
+        span_type& top = spans_[arena_top_];
+        if (top.state != pool_detail::span_state::free || top.committed_bytes != 0) {
+            return;
+        }
+        unlist_free_piece(top);
+        granules_[granule_of(top.base)].starting_piece = pool_detail::none;
+        arena_end_ = top.base - arena_base_;
+        arena_top_ = top.lower;
+        if (top.lower != pool_detail::none) {
+            spans_[top.lower].higher = pool_detail::none;
+        }
+        top.lower = pool_detail::none;
+        free_span_index(top.index);
+    }
+    void lower_arena_top_locked() noexcept {
+        if (arena_limit_ != 0) {
+            std::lock_guard lock(span_lock_);
+            lower_arena_top();
+        }
+    }
+    std::uint64_t granule_of(std::uint64_t address) const noexcept { return (address - arena_base_) / granule_; }
+    // Under span_lock_: the committed bytes of the arena range [base, base + bytes).
+    std::uint64_t committed_bytes_in(std::uint64_t base, std::uint64_t bytes) const noexcept {
+        std::uint64_t committed = 0;
+        for (std::uint64_t at = granule_of(base), end = at + bytes / granule_; at < end; ++at) {
+            committed += granules_[at].committed ? granule_ : 0;
+        }
+        return committed;
+    }
+
+    // Decommits the committed granules of free arena pieces, from the top down, until `wanted`
+    // bytes are given back (each piece busy while the span lock is dropped for the upstream), and
+    // lowers the arena's top when its top piece is free. Returns the bytes decommitted.
+    std::uint64_t decommit_free_arena(std::uint64_t wanted) {
+        if (arena_limit_ == 0) {
+            return 0;
+        }
+        std::uint32_t taken = pool_detail::none; // linked through next
+        {
+            std::lock_guard lock(span_lock_);
+            std::uint64_t taken_bytes = 0;
+            for (std::uint32_t at = arena_top_; at != pool_detail::none && taken_bytes < wanted; at = spans_[at].lower) {
+                span_type& piece = spans_[at];
+                if (piece.state == pool_detail::span_state::free && piece.committed_bytes != 0) {
+                    unlist_free_piece(piece);
+                    piece.state = pool_detail::span_state::busy;
+                    piece.next = taken;
+                    taken = piece.index;
+                    taken_bytes += piece.committed_bytes;
+                }
+            }
+            if (taken == pool_detail::none) {
+                lower_arena_top();
+                return 0;
+            }
+        }
+        std::uint64_t given = 0;
+        while (taken != pool_detail::none) {
+            span_type& piece = spans_[taken];
+            taken = piece.next;
+            piece.next = pool_detail::none;
+            std::optional<error> refused; // a granule the upstream keeps stays committed, counted
+            const std::uint64_t decommitted = change_commitment(piece.base, piece.bytes, false, refused);
+            given += decommitted;
+            std::lock_guard lock(span_lock_);
+            piece.committed_bytes -= decommitted;
+            put_back_piece(piece);
+        }
+        lower_arena_top_locked();
+        return given;
+    }
+
+    // A segment of its own for one request: a pass-through, or a span when the pool grows by
+    // allocation (or its arena is full).
     [[gnu::noinline]] result<allocation<device_type>>
     allocate_new_span(std::uint64_t bytes, std::uint64_t size, std::uint64_t alignment, bool pass_through) {
         try {
@@ -960,10 +1240,13 @@ private:
             span_lock_.lock();
             piece.base = base;
             piece.bytes = memory.size;
+            piece.committed_bytes = memory.size;
             piece.segment = memory;
             piece.pass_through = pass_through;
+            piece.in_arena = false;
             piece.lower = piece.higher = pool_detail::none;
-            return hand_out_piece(piece, std::min(bytes, memory.size), size, alignment);
+            keep_only(piece, std::min(bytes, memory.size));
+            return hand_out_piece(piece, size, alignment);
         } catch (const std::bad_alloc&) {
             return error{status_code::out_of_memory, {}};
         }
@@ -1054,15 +1337,22 @@ private:
             unlist_free_piece(above);
         }
         piece.bytes += above.bytes;
+        piece.committed_bytes += above.committed_bytes;
         piece.higher = above.higher;
         if (above.higher != pool_detail::none) {
             spans_[above.higher].lower = piece.index;
+        } else if (above.in_arena) {
+            arena_top_ = piece.index;
+        }
+        if (above.in_arena) {
+            granules_[granule_of(above.base)].starting_piece = pool_detail::none;
         }
         above.lower = above.higher = pool_detail::none;
         free_span_index(above.index);
     }
 
-    // Gives idle segments (one free piece each) back to the upstream, largest bins first.
+    // Gives idle segments (one free piece each, never the arena's) back to the upstream, largest
+    // bins first.
     std::uint64_t give_back_idle_segments(std::uint64_t wanted) {
         std::uint64_t given = 0;
         std::uint32_t leaving = pool_detail::none;
@@ -1072,7 +1362,7 @@ private:
                 for (std::uint32_t at = free_pieces_[bin]; at != pool_detail::none && given < wanted;) {
                     span_type& piece = spans_[at];
                     at = piece.next;
-                    if (piece.lower == pool_detail::none && piece.higher == pool_detail::none) {
+                    if (!piece.in_arena && piece.lower == pool_detail::none && piece.higher == pool_detail::none) {
                         unlist_free_piece(piece);
                         piece.state = pool_detail::span_state::leaving;
                         piece.next = leaving;
@@ -1244,6 +1534,9 @@ private:
 
     // The live allocation that starts at `wire`, described from the pool's records.
     std::optional<allocation<device_type>> find_live(std::uint64_t wire) {
+        if (arena_limit_ != 0 && wire >= arena_base_ && wire - arena_base_ < arena_limit_) {
+            return find_live_in_arena(wire);
+        }
         std::lock_guard reader(readers_[pool_detail::this_thread_shard()].lock);
         auto after = ranges_.upper_bound(wire);
         if (after == ranges_.begin()) {
@@ -1296,6 +1589,28 @@ private:
         }
         owner->lock.unlock();
         return found;
+    }
+
+    // The live arena piece that starts at `wire`: the granule there names the piece starting there.
+    std::optional<allocation<device_type>> find_live_in_arena(std::uint64_t wire) {
+        std::lock_guard lock(span_lock_);
+        const std::uint64_t offset = wire - arena_base_;
+        if (offset % granule_ != 0 || offset >= arena_end_) {
+            return std::nullopt;
+        }
+        const std::uint32_t at = granules_[offset / granule_].starting_piece;
+        if (at == pool_detail::none) {
+            return std::nullopt;
+        }
+        const span_type& piece = spans_[at];
+        // Live to the span lock and to its ticket (not parked in a shard's cache).
+        const auto handed = piece.ticket.live_description();
+        if (piece.state != pool_detail::span_state::live || piece.base != wire || !handed.has_value()) {
+            return std::nullopt;
+        }
+        return allocation<device_type>{device_type::from_wire(wire), handed->size, handed->alignment,
+                                       pool_detail::span_id(handed->generation, piece.index),
+                                       piece.segment.mechanism_id, device_};
     }
 
     // ---- upstream calls and failures ----
@@ -1375,6 +1690,16 @@ private:
             return {status_code::out_of_memory, {}};
         }
     }
+    [[gnu::cold, gnu::noinline]] static error commitment_refused(bool commit, std::uint64_t bytes,
+                                                                 const error& failure) noexcept {
+        try {
+            return upstream_refused(std::string(commit ? "a commit of " : "a decommit of ") + std::to_string(bytes) +
+                                        " bytes",
+                                    failure);
+        } catch (...) {
+            return {status_code::out_of_memory, {}};
+        }
+    }
     static std::string to_hex(std::uint64_t value) {
         static constexpr char digits[] = "0123456789abcdef";
         std::string text;
@@ -1388,6 +1713,9 @@ private:
     using slab_directory = pool_detail::stable_directory<pool_detail::slab, directory_leaves>;
     using span_directory = pool_detail::stable_directory<span_type, directory_leaves>;
     using chunk_directory = pool_detail::stable_directory<chunk_type, directory_leaves>;
+    // 8 bytes a granule of the arena's extent, in leaves of 8,192 (64 KiB): at most 2^24
+    // granules (64 GiB of arena at 4 KiB pages).
+    using granule_directory = pool_detail::stable_directory<pool_detail::arena_granule, 2048, 13>;
 
     // Declared first, destroyed last: the records below describe its memory.
     Upstream upstream_;
@@ -1424,7 +1752,19 @@ private:
     std::uint64_t span_live_allocations_ = 0;
     std::uint64_t span_in_use_bytes_ = 0;     // requested
     std::uint64_t span_handed_out_bytes_ = 0; // whole pieces
-    std::atomic<std::uint64_t> free_piece_bytes_{0}; // read unlocked by the retention check
+    std::atomic<std::uint64_t> free_piece_bytes_{0}; // committed; read unlocked by the retention check
+
+    // The span arena (growth by commit): the upper half of the reservation, from arena_base_ (a
+    // wire address, arena_offset_ into the reservation) for at most arena_limit_ bytes (0: no
+    // arena). Pieces partition its first arena_end_ bytes; arena_top_ is the highest. Those two
+    // and the granules' starting pieces are behind span_lock_; a granule's committed flag also
+    // changes under the busy piece's owner.
+    std::uint64_t arena_offset_ = 0;
+    std::uint64_t arena_base_ = 0;
+    std::uint64_t arena_limit_ = 0;
+    std::uint64_t arena_end_ = 0;
+    std::uint32_t arena_top_ = pool_detail::none;
+    granule_directory granules_;
 
     // Each shard's parked span pieces (pool/detail/span_cache.hpp): a cache's lock is taken with
     // no other lock held, or in usage()'s cut, all of them before span_lock_.

@@ -16,8 +16,8 @@ enum class pool_growth : std::uint32_t {
     by_allocation = 1, // one upstream allocation per chunk, whatever the upstream offers
 };
 
-// Four 2 MiB pieces a thread (see span_cache_bytes).
-inline constexpr std::uint64_t pool_default_span_cache_bytes = std::uint64_t{8} << 20;
+// Two 2 MiB pieces a thread, and no piece larger than 4 MiB (see span_cache_bytes).
+inline constexpr std::uint64_t pool_default_span_cache_bytes = std::uint64_t{4} << 20;
 
 struct pool_options {
     // The bytes of one chunk taken from the upstream for small allocations. 0: max(2 MiB, the

@@ -75,13 +75,15 @@ struct alignas(64) slab {
     std::unique_ptr<block_record[]> records;
 };
 
-enum class span_state : std::uint8_t { unused, live, free, spent, leaving };
+// busy: out of every list while one thread commits or decommits its granules with the span lock
+// dropped; neighbours do not merge with it. leaving: on its way back to the upstream.
+enum class span_state : std::uint8_t { unused, live, free, spent, leaving, busy };
 
-// A piece of a span segment (one upstream allocation, or a pass-through): live, free (listed by
-// size bin), or spent (its ids used up: never handed out again nor merged). Its neighbours in
-// the segment, by address, are `lower` and `higher`. Guarded by the pool's span lock, but for
-// its ticket; "live" is the span lock's view: out of the free lists, handed out or parked in a
-// shard's span cache (the ticket tells which).
+// A piece of a span segment (one upstream allocation, or a pass-through) or of the span arena
+// (growth by commit): live, free (listed by size bin), or spent (its ids used up: never handed
+// out again nor merged). Its neighbours in the segment or arena, by address, are `lower` and
+// `higher`. Guarded by the pool's span lock, but for its ticket; "live" is the span lock's view:
+// out of the free lists, handed out or parked in a shard's span cache (the ticket tells which).
 template <class D> struct alignas(64) span_record {
     std::uint32_t index = 0;
     std::uint32_t next = none;     // in its bin's free list, the pool's free index list, or a trim's list
@@ -90,10 +92,20 @@ template <class D> struct alignas(64) span_record {
     std::uint32_t higher = none;   // the piece just above it; none for the last
     span_state state = span_state::unused;
     bool pass_through = false;
+    bool in_arena = false;   // a piece of the arena, not of a segment of its own
     std::uint64_t base = 0;  // wire address
     std::uint64_t bytes = 0; // the piece's, a multiple of the pool's granule
+    std::uint64_t committed_bytes = 0; // of `bytes`; below `bytes` only in the arena (which granules: arena_granule)
     allocation<D> segment{}; // the upstream allocation it is part of
     span_ticket ticket;      // live or not, its generation and request: read and claimed unlocked
+};
+
+// One granule of the span arena: whether it is committed, and the piece that starts there (so an
+// address finds its piece in constant time). Changed under the span lock, or by the one thread
+// that holds the piece covering it busy.
+struct arena_granule {
+    std::uint32_t starting_piece = none;
+    bool committed = false;
 };
 
 // A chunk: one upstream allocation (or one committed range of the reservation) of slabs.

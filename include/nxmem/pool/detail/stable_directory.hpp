@@ -1,4 +1,4 @@
-// An index -> object table whose objects never move: leaves of 1024 objects, made on demand and
+// An index -> object table whose objects never move: leaves of 2^LeafBits objects, made on demand and
 // kept until the table is destroyed, reached through an array of atomic leaf pointers so a reader
 // holding any index (a forged one included) reads a leaf or null, never a torn pointer.
 #pragma once
@@ -11,9 +11,9 @@
 
 namespace nxmem::pool_detail {
 
-template <class T, std::size_t MaxLeaves> class stable_directory {
+template <class T, std::size_t MaxLeaves, std::uint32_t LeafBits = 10> class stable_directory {
 public:
-    static constexpr std::uint32_t leaf_bits = 10;
+    static constexpr std::uint32_t leaf_bits = LeafBits;
     static constexpr std::uint64_t leaf_size = std::uint64_t{1} << leaf_bits;
     static constexpr std::uint64_t capacity = leaf_size * MaxLeaves;
 
