@@ -183,6 +183,26 @@ TEST_CASE("reclaim under a posix budget trims the pool before an allocation fail
         CHECK_THAT(refused.error().message, Catch::Contains("budget"));
         CHECK(pool.usage() == before);
     }
+    SECTION("growing by commit (posix-lazy): a commit past the budget decommits free arena pieces first") {
+        pool_options pooling;
+        pooling.reserve_bytes = 1ull << 30;
+        auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-lazy", 0, "budget=4M", pooling));
+        REQUIRE(pool->grows_by_commit());
+        auto lower = value_or_fail(pool->allocate(1 * mib, 64));
+        auto upper = value_or_fail(pool->allocate(2 * mib, 64));
+        REQUIRE(pool->release(lower)); // 1 MiB free, committed, below a live piece
+        auto more = value_or_fail(pool->allocate(2 * mib, 64)); // 1 + 2 + 2 > 4 MiB: reclaim first
+        std::memset(more.address, 0x4d, more.size);
+        CHECK(pool->usage().upstream_decommits == 1);
+        CHECK(pool->usage().held_bytes == 4 * mib);
+        CHECK(plugin_usage(*pool).mapped_bytes == 4 * mib);
+        REQUIRE(pool->release(upper));
+        REQUIRE(pool->release(more));
+        pool->trim(0);
+        CHECK(plugin_usage(*pool).mapped_bytes == 0);
+        pool.reset();
+        REQUIRE(module->try_unload());
+    }
     SECTION("nothing idle to give: the hook refuses and the allocation fails with OUT_OF_MEMORY") {
         auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-eager", 0, "budget=4M"));
         auto held = value_or_fail(pool->allocate(3 * mib, 64));

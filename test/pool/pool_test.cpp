@@ -627,6 +627,44 @@ TEST_CASE("growth by commit: neighbouring arena pieces released apart serve one 
     CHECK(commits->committed_bytes == 0);
 }
 
+TEST_CASE("growth by commit: beyond the retention limit a released arena piece is decommitted", "[pool]") {
+    test::committing_upstream upstream;
+    auto commits = upstream.commits;
+    pool_options options = small_reservation();
+    options.retain_limit_bytes = 1 * mib;
+    pool_allocator pool(upstream, options);
+    auto kept = value_or_fail(pool.allocate(512 * kib, 64));
+    auto large = value_or_fail(pool.allocate(4 * mib, 64));
+    CHECK(commits->committed_bytes == 4 * mib + 512 * kib);
+    REQUIRE(pool.release(kept)); // 512 KiB idle: within the limit, kept committed
+    CHECK(commits->committed_bytes == 4 * mib + 512 * kib);
+    REQUIRE(pool.release(large)); // merged with it, 4.5 MiB idle: decommitted, the top lowered
+    CHECK(commits->committed_bytes == 0);
+    CHECK(pool.usage().held_bytes == 0);
+    auto again = value_or_fail(pool.allocate(4 * mib, 64)); // from the arena's base again
+    std::memset(again.address, 0x3a, again.size);
+    CHECK(again.address == kept.address);
+    REQUIRE(pool.release(again));
+}
+
+TEST_CASE("growth by commit: a span the arena cannot hold gets a segment of its own", "[pool]") {
+    test::committing_upstream upstream;
+    auto commits = upstream.commits;
+    auto ledger = upstream.ledger();
+    pool_allocator pool(upstream, small_reservation()); // a 32 MiB arena
+    auto in_arena = value_or_fail(pool.allocate(8 * mib, 64));
+    auto beyond = value_or_fail(pool.allocate(40 * mib, 64));
+    std::memset(beyond.address, 0x71, beyond.size); // committed whole
+    CHECK(ledger->allocations == 2); // the reservation and the segment
+    CHECK(pool.usage().held_bytes == 48 * mib);
+    CHECK(commits->committed_bytes == 48 * mib);
+    REQUIRE(pool.release_by_address(beyond.address));
+    REQUIRE(pool.release(in_arena));
+    CHECK(pool.trim(0) == 48 * mib);
+    CHECK(commits->committed_bytes == 0);
+    CHECK(ledger->live_count() == 1); // the segment given back, the reservation kept
+}
+
 TEST_CASE("growth by allocation when asked, even over an upstream offering virtual backing", "[pool]") {
     pool_options options;
     options.growth = pool_growth::by_allocation;

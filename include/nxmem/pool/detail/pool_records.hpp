@@ -95,7 +95,7 @@ template <class D> struct alignas(64) span_record {
     bool in_arena = false;   // a piece of the arena, not of a segment of its own
     std::uint64_t base = 0;  // wire address
     std::uint64_t bytes = 0; // the piece's, a multiple of the pool's granule
-    std::uint64_t committed_bytes = 0; // of `bytes`; below `bytes` only in the arena (which granules: arena_granule)
+    std::uint64_t committed_bytes = 0; // of `bytes`; fewer only in the arena (which: arena_granule)
     allocation<D> segment{}; // the upstream allocation it is part of
     span_ticket ticket;      // live or not, its generation and request: read and claimed unlocked
 };

@@ -1,6 +1,6 @@
-// An index -> object table whose objects never move: leaves of 2^LeafBits objects, made on demand and
-// kept until the table is destroyed, reached through an array of atomic leaf pointers so a reader
-// holding any index (a forged one included) reads a leaf or null, never a torn pointer.
+// An index -> object table whose objects never move: leaves of 2^LeafBits objects, made on demand
+// and kept until the table is destroyed, reached through an array of atomic leaf pointers so a
+// reader holding any index (a forged one included) reads a leaf or null, never a torn pointer.
 #pragma once
 
 #include <array>
