@@ -10,8 +10,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -27,15 +29,19 @@ struct mailbox {
     std::vector<allocation<cpu_device>> letters;
 };
 
-bool pattern_intact(const allocation<cpu_device>& live, unsigned char pattern) {
+// Its first `checked` bytes (all of them by default) hold `pattern`.
+bool pattern_intact(const allocation<cpu_device>& live, unsigned char pattern,
+                    std::uint64_t checked = std::numeric_limits<std::uint64_t>::max()) {
     const auto* bytes = static_cast<const unsigned char*>(live.address);
-    for (std::uint64_t i = 0; i < live.size; ++i) {
+    for (std::uint64_t i = 0; i < std::min(live.size, checked); ++i) {
         if (bytes[i] != pattern) {
             return false;
         }
     }
     return true;
 }
+
+constexpr std::uint64_t mib = std::uint64_t{1} << 20;
 
 unsigned char pattern_of(const allocation<cpu_device>& live) {
     return static_cast<unsigned char>(live.allocation_id * 31 + 7);
@@ -170,4 +176,133 @@ TEST_CASE("two threads releasing the same allocation: exactly one succeeds", "[p
         REQUIRE(succeeded.load() == 1);
     }
     CHECK(pool.usage().live_allocations == 0);
+}
+
+// Span pieces released on one thread park in that thread's shard cache (pool/detail/span_cache.hpp);
+// the tests below race those releases against each other, against misdescribed releases, and
+// against trims, and check that a piece parked by another thread serves a request before the
+// pool grows.
+
+TEST_CASE("a span released on another thread parks there and serves the owner's next request without growing", "[pool][concurrency]") {
+    test::heap_upstream upstream;
+    auto ledger = upstream.ledger();
+    pool_allocator<test::heap_upstream> pool(upstream);
+    for (int round = 0; round < 20; ++round) {
+        auto live = pool.allocate(4 * mib, 64).value();
+        std::memset(live.address, round, live.size);
+        std::atomic<bool> released{false};
+        std::thread releaser([&] { released = pool.release(live).has_value(); });
+        releaser.join();
+        REQUIRE(released.load());
+        CHECK(pool.usage().idle_bytes == 4 * mib);
+        // A smaller request of another bin: the pool flushes the releaser's cache, then splits.
+        auto quarter = pool.allocate(1 * mib, 64).value();
+        CHECK(quarter.address == live.address);
+        REQUIRE(pool.release(quarter).has_value());
+    }
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.usage().held_bytes == 4 * mib);
+    CHECK(pool.usage().live_allocations == 0);
+}
+
+TEST_CASE("two threads releasing the same span, a third misdescribing it: one succeeds, the rest change nothing", "[pool][concurrency]") {
+    pool_allocator<test::fake_device_upstream> pool{test::fake_device_upstream{}};
+    for (int round = 0; round < 300; ++round) {
+        const std::uint64_t size = round % 3 == 0 ? 100000 : 2 * mib;
+        auto live = pool.allocate(size, 64).value();
+        auto misdescribed = live;
+        misdescribed.size += 4096;
+        std::atomic<int> succeeded{0};
+        std::atomic<int> wrongly_refused{0};
+        auto release_it = [&] {
+            auto released = pool.release(live);
+            if (released.has_value()) {
+                ++succeeded;
+            } else if (released.error().code != status_code::unknown_allocation) {
+                ++wrongly_refused;
+            }
+        };
+        std::thread first(release_it);
+        std::thread second(release_it);
+        std::thread third([&] {
+            auto released = pool.release(misdescribed);
+            // Live and misdescribed, or already released: never a success.
+            if (released.has_value() || (released.error().code != status_code::invalid_argument &&
+                                         released.error().code != status_code::unknown_allocation)) {
+                ++wrongly_refused;
+            }
+        });
+        first.join();
+        second.join();
+        third.join();
+        REQUIRE(succeeded.load() == 1);
+        REQUIRE(wrongly_refused.load() == 0);
+        REQUIRE(pool.usage().live_allocations == 0);
+    }
+    pool.trim(0);
+    CHECK(pool.usage().held_bytes == 0);
+}
+
+TEST_CASE("span round trips on several threads race trims and usage: figures stay whole, nothing is lost", "[pool][concurrency]") {
+    constexpr int threads = 3;
+    constexpr int rounds = 3000;
+    test::heap_upstream upstream;
+    auto ledger = upstream.ledger();
+    {
+        pool_allocator<test::heap_upstream> pool(upstream);
+        std::atomic<int> failures{0};
+        std::atomic<bool> done{false};
+        std::vector<std::thread> workers;
+        for (int t = 0; t < threads; ++t) {
+            workers.emplace_back([&, t] {
+                static constexpr std::uint64_t sizes[] = {20000, 64 * 1024, 300000, 2 * mib};
+                std::vector<allocation<cpu_device>> mine;
+                for (int round = 0; round < rounds; ++round) {
+                    const std::uint64_t size = sizes[static_cast<std::size_t>(round + t) % std::size(sizes)];
+                    auto made = pool.allocate(size, 4096);
+                    if (!made.has_value()) {
+                        ++failures;
+                        continue;
+                    }
+                    std::memset(made.value().address, pattern_of(made.value()), 64);
+                    mine.push_back(made.value());
+                    if (mine.size() >= 3) {
+                        for (const auto& live : mine) {
+                            failures += pattern_intact(live, pattern_of(live), 64) ? 0 : 1;
+                            failures += pool.release(live).has_value() ? 0 : 1;
+                        }
+                        mine.clear();
+                    }
+                }
+                for (const auto& live : mine) {
+                    failures += pool.release(live).has_value() ? 0 : 1;
+                }
+            });
+        }
+        std::thread trimmer([&] {
+            while (!done.load()) {
+                pool.trim(0);
+                const pool_usage now = pool.usage();
+                // At most three live a thread: a count that wrapped below zero would be huge.
+                constexpr std::uint64_t most_live = 3 * threads;
+                if (now.live_allocations > most_live || now.in_use_bytes > most_live * 2 * mib) {
+                    ++failures;
+                }
+                std::this_thread::yield();
+            }
+        });
+        for (auto& worker : workers) {
+            worker.join();
+        }
+        done = true;
+        trimmer.join();
+        CHECK(failures.load() == 0);
+        CHECK(pool.usage().live_allocations == 0);
+        CHECK(pool.usage().in_use_bytes == 0);
+        pool.trim(0);
+        CHECK(pool.usage().held_bytes == 0);
+        CHECK(pool.usage().idle_bytes == 0);
+        CHECK(ledger->live_count() == 0);
+    }
+    CHECK(ledger->bad_releases == 0);
 }

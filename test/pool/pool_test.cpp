@@ -27,6 +27,20 @@ template <class T> T value_or_fail(result<T> made) {
     return std::move(made).value();
 }
 
+// Makes one 4 MiB segment (allocated and released), four 1 MiB pieces split from it in address
+// order, and releases them; returns them.
+template <class Pool> std::vector<allocation<cpu_device>> released_quarters(Pool& pool) {
+    REQUIRE(pool.release(value_or_fail(pool.allocate(4 * mib, 64))));
+    std::vector<allocation<cpu_device>> quarters;
+    for (int i = 0; i < 4; ++i) {
+        quarters.push_back(value_or_fail(pool.allocate(1 * mib, 64)));
+    }
+    for (const auto& quarter : quarters) {
+        REQUIRE(pool.release(quarter));
+    }
+    return quarters;
+}
+
 // Growth by commit in a small reservation: 32 chunks of 1 MiB below, a 32 MiB span arena above.
 pool_options small_reservation() {
     pool_options options;
@@ -261,6 +275,73 @@ TEST_CASE("a free span piece is split for smaller requests and merged again when
     CHECK(whole.address == low.address);
     CHECK(ledger->allocations == 1);
     REQUIRE(pool.release(whole));
+    CHECK(pool.trim(0) == 4 * mib);
+    CHECK(ledger->live_count() == 0);
+}
+
+TEST_CASE("a released span parks in the thread's cache: idle, refused by its old id, taken back by the bin's next request", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    auto ledger = pool.upstream().ledger();
+    auto first = value_or_fail(pool.allocate(1 * mib + 64 * kib, 64));
+    REQUIRE(pool.release(first));
+    CHECK(pool.usage().idle_bytes == 1 * mib + 64 * kib);
+    CHECK(pool.usage().live_allocations == 0);
+    CHECK(pool.usage().in_use_bytes == 0);
+    // Parked, it is not live: its last id and its address are refused.
+    CHECK(pool.release(first).error().code == status_code::unknown_allocation);
+    CHECK(pool.release_by_address(first.address).error().code == status_code::unknown_allocation);
+    // A smaller request of the same bin (1 MiB to 1.25 MiB) takes the parked piece whole.
+    auto again = value_or_fail(pool.allocate(1 * mib + 16 * kib, 4096));
+    CHECK(again.address == first.address);
+    CHECK(again.allocation_id != first.allocation_id);
+    CHECK(pool.usage().idle_bytes == 0);
+    CHECK(pool.usage().in_use_bytes == 1 * mib + 16 * kib);
+    auto stale = first;
+    stale.size = again.size;
+    stale.alignment = again.alignment;
+    CHECK(pool.release(stale).error().code == status_code::unknown_allocation);
+    auto misdescribed = again;
+    misdescribed.size += 1;
+    CHECK(pool.release(misdescribed).error().code == status_code::invalid_argument);
+    CHECK(pool.usage().live_allocations == 1);
+    REQUIRE(pool.release_by_address(again.address));
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.trim(0) == 1 * mib + 64 * kib);
+    CHECK(ledger->live_count() == 0);
+}
+
+TEST_CASE("parked spans go back to the free lists, merged, before the pool grows: caching never makes it hold more", "[pool]") {
+    pool_allocator pool(heap_upstream{});
+    auto ledger = pool.upstream().ledger();
+    const auto quarters = released_quarters(pool); // each parks, unmerged
+    CHECK(pool.usage().idle_bytes == 4 * mib);
+    // No parked piece is of its bin, nor any free piece: the pool flushes, merges and serves it.
+    auto whole = value_or_fail(pool.allocate(4 * mib, 64));
+    CHECK(whole.address == quarters.front().address);
+    CHECK(ledger->allocations == 1);
+    CHECK(pool.usage().held_bytes == 4 * mib);
+    REQUIRE(pool.release(whole));
+}
+
+TEST_CASE("a thread's next request takes the piece it parked last; span_cache_bytes caps what it parks, 0 nothing", "[pool]") {
+    struct setting {
+        std::uint64_t cap;
+        std::size_t served_by; // which quarter the next 1 MiB request gets
+    };
+    // Default: all four park, the last comes back. 3 MiB: the fourth finds the cache full and
+    // goes to the free lists; the third comes back. 0: none parks, the four merge, and the
+    // request splits the merged segment at its start.
+    const setting expected = GENERATE(setting{pool_default_span_cache_bytes, 3}, setting{3 * mib, 2}, setting{0, 0});
+    pool_options options;
+    options.span_cache_bytes = expected.cap;
+    pool_allocator pool(heap_upstream{}, options);
+    auto ledger = pool.upstream().ledger();
+    const auto quarters = released_quarters(pool);
+    CHECK(pool.usage().idle_bytes == 4 * mib);
+    auto next = value_or_fail(pool.allocate(1 * mib, 64));
+    CHECK(next.address == quarters[expected.served_by].address);
+    CHECK(ledger->allocations == 1);
+    REQUIRE(pool.release(next));
     CHECK(pool.trim(0) == 4 * mib);
     CHECK(ledger->live_count() == 0);
 }

@@ -12,7 +12,9 @@
 //   constant time: the id names the record (pool/detail/pooled_id.hpp).
 // - Each thread allocates from its shard (sixteen, each behind its own lock on its own cache
 //   lines); no lock is held while the upstream is called, so the upstream may call back into
-//   the pool on the same thread (a reclaim hook that trims it).
+//   the pool on the same thread (a reclaim hook that trims it). A thread's released span pieces
+//   park in its shard's span cache (pool/detail/span_cache.hpp) for its next request of the
+//   same bin, without the span lock.
 // - Over an upstream that offers virtual backing (pool/virtual_upstream.hpp) the pool reserves
 //   once, commits chunk by chunk and span arena granule by granule; trim decommits.
 #pragma once
@@ -21,6 +23,7 @@
 #include <nxmem/detail/page_size.hpp>
 #include <nxmem/pool/detail/pool_records.hpp>
 #include <nxmem/pool/detail/pooled_id.hpp>
+#include <nxmem/pool/detail/span_cache.hpp>
 #include <nxmem/pool/detail/stable_directory.hpp>
 #include <nxmem/pool/pool_options.hpp>
 #include <nxmem/pool/pool_usage.hpp>
@@ -167,11 +170,12 @@ public:
         return release(*live);
     }
 
-    // Gives idle memory back to the upstream (the committed granules of free arena pieces, idle
-    // span segments, then chunks with no block in use) until at most keep_bytes are idle or
-    // nothing idle is left to give; free blocks of slabs still in use stay. Returns the bytes
-    // given back.
+    // Gives idle memory back to the upstream (once the span pieces parked in the shards' caches
+    // are back in the free lists: the committed granules of free arena pieces, idle span
+    // segments, then chunks with no block in use) until at most keep_bytes are idle or nothing
+    // idle is left to give; free blocks of slabs still in use stay. Returns the bytes given back.
     std::uint64_t trim(std::uint64_t keep_bytes = 0) {
+        flush_span_caches(); // parked pieces are idle: back to the free lists, merged, first
         const pool_usage now = usage();
         if (now.idle_bytes <= keep_bytes) {
             lower_arena_top_locked();
@@ -199,10 +203,22 @@ public:
             handed_out += shard.handed_out_bytes;
         }
         {
+            // One cut across the span caches and the span lists (every cache's lock, then the
+            // span lock): a piece handed out by one and released into the other counts once.
+            for (pool_detail::span_cache& cache : span_caches_) {
+                cache.lock();
+            }
             std::lock_guard lock(span_lock_);
             totals.live_allocations += span_live_allocations_;
             totals.in_use_bytes += span_in_use_bytes_;
             handed_out += span_handed_out_bytes_;
+            for (pool_detail::span_cache& cache : span_caches_) {
+                const pool_detail::span_cache::figures cached = cache.figures_while_locked();
+                totals.live_allocations += cached.live_change;
+                totals.in_use_bytes += cached.in_use_change;
+                handed_out -= cached.parked_bytes; // parked pieces are idle
+                cache.unlock();
+            }
         }
         totals.held_bytes = held_bytes_.load(std::memory_order_relaxed);
         totals.idle_bytes = totals.held_bytes > handed_out ? totals.held_bytes - handed_out : 0;
@@ -803,6 +819,29 @@ private:
             return allocate_new_span(size, size, alignment, true);
         }
         const std::uint64_t bytes = pool_classes::round_up(size, granule_);
+        // ---- span cache: the thread's own parked piece of the bin, without the span lock ----
+        pool_detail::span_cache& own_cache = span_caches_[pool_detail::this_thread_shard()];
+        if (auto parked = take_parked_piece(own_cache, bytes, size, alignment); parked.has_value()) [[likely]] {
+            return *parked;
+        }
+        // A miss: the thread's own parked pieces join the free lists first, so best fit sees them
+        // (left parked, they would make it split pieces it would have kept whole).
+        flush_span_cache(own_cache);
+        if (auto fitted = allocate_from_free_pieces(bytes, size, alignment, false); fitted.has_value()) {
+            return std::move(*fitted);
+        }
+        // ---- span cache: before the pool grows, every parked piece goes back (merging) ----
+        flush_span_caches();
+        if (auto fitted = allocate_from_free_pieces(bytes, size, alignment, true); fitted.has_value()) {
+            return std::move(*fitted);
+        }
+        return allocate_new_span(bytes, size, alignment, false);
+    }
+
+    // The best-fitting free piece, split and handed out; else, when `may_grow_arena`, a piece at
+    // the top of the arena (growth by commit); none when neither can be had.
+    std::optional<result<allocation<device_type>>>
+    allocate_from_free_pieces(std::uint64_t bytes, std::uint64_t size, std::uint64_t alignment, bool may_grow_arena) {
         span_lock_.lock();
         if (const std::uint32_t fit = best_free_piece(bytes, alignment); fit != pool_detail::none) {
             span_type& piece = spans_[fit];
@@ -813,13 +852,13 @@ private:
             }
             return commit_and_hand_out(piece, size, alignment);
         }
-        if (arena_limit_ != 0) {
+        if (may_grow_arena && arena_limit_ != 0) {
             if (span_type* grown = grow_arena(bytes, alignment); grown != nullptr) {
                 return commit_and_hand_out(*grown, size, alignment);
             }
         }
         span_lock_.unlock();
-        return allocate_new_span(bytes, size, alignment, false);
+        return std::nullopt;
     }
 
     // Under span_lock_: the smallest free piece of at least `bytes` that starts aligned, from the
@@ -933,13 +972,11 @@ private:
 
     // Under span_lock_, a piece in no free list, all of it committed: hands it out. Drops the lock.
     result<allocation<device_type>> hand_out_piece(span_type& piece, std::uint64_t size, std::uint64_t alignment) {
-        const std::uint32_t generation = ++piece.generation;
         piece.state = pool_detail::span_state::live;
-        piece.requested_bytes = size;
-        piece.alignment = alignment;
         ++span_live_allocations_;
         span_in_use_bytes_ += size;
         span_handed_out_bytes_ += piece.bytes;
+        const std::uint32_t generation = piece.ticket.publish(piece.base, size, alignment); // last: now releasable
         const allocation<device_type> handed{device_type::from_wire(piece.base), size, alignment,
                                              pool_detail::span_id(generation, piece.index),
                                              piece.segment.mechanism_id, device_};
@@ -1237,22 +1274,24 @@ private:
             return refused_as_unknown(live);
         }
         span_type& piece = *found;
+        const std::uint32_t generation = pool_detail::generation_of(live.allocation_id);
+        // Claimed without the span lock: of two releases of one id, one wins; the piece is ours.
+        switch (piece.ticket.claim(generation, device_type::to_wire(live.address), live.size, live.alignment)) {
+        case pool_detail::span_ticket::verdict::not_live: return refused_as_unknown(live);
+        case pool_detail::span_ticket::verdict::misdescribed: return refused_release(status_code::invalid_argument, live);
+        case pool_detail::span_ticket::verdict::claimed: break;
+        }
+        // ---- span cache: the piece parks in the releasing thread's shard, without the span lock ----
+        if (!piece.pass_through && generation < pool_detail::generation_limit && park_piece(piece, live.size)) [[likely]] {
+            enforce_retention();
+            return release_report{release_state::complete, 0, 0};
+        }
         span_lock_.lock();
-        if (piece.state != pool_detail::span_state::live ||
-            piece.generation != pool_detail::generation_of(live.allocation_id)) {
-            span_lock_.unlock();
-            return refused_as_unknown(live);
-        }
-        if (device_type::to_wire(live.address) != piece.base || live.size != piece.requested_bytes ||
-            live.alignment != piece.alignment) {
-            span_lock_.unlock();
-            return refused_release(status_code::invalid_argument, live);
-        }
         span_live_allocations_ -= 1;
         span_in_use_bytes_ -= live.size;
         span_handed_out_bytes_ -= piece.bytes;
         if (!piece.pass_through) {
-            if (piece.generation < pool_detail::generation_limit) [[likely]] {
+            if (generation < pool_detail::generation_limit) [[likely]] {
                 put_back_piece(piece);
             } else {
                 piece.state = pool_detail::span_state::spent; // never handed out again, nor merged
@@ -1367,11 +1406,87 @@ private:
         std::lock_guard lock(pool_mutex_);
         span_type& span = spans_[index];
         span.state = pool_detail::span_state::unused;
-        if (span.generation >= pool_detail::generation_limit) {
+        if (span.ticket.generation() >= pool_detail::generation_limit) {
             return;
         }
         span.next = free_spans_;
         free_spans_ = index;
+    }
+
+    // ---- span caches ----
+    //
+    // A released piece (not a pass-through) parks in the releasing thread's shard cache, up to a
+    // few a bin and span_cache_bytes a shard; the thread's next request whose rounded bytes fall
+    // in that bin takes it whole (at most a bin's width larger than asked). A parked piece is
+    // live to the span lock's bookkeeping (out of the free lists, never merged) and not live to
+    // its ticket, so a release or a release by address of its last id is refused. Without the
+    // span lock the cache path writes only tickets, and reads only fields that stay fixed while
+    // a piece is out of the free lists (its index, base, bytes and segment).
+
+    // The calling thread's parked piece (in `cache`, its shard's) for a request of `size`
+    // (`bytes` rounded), handed out under its next generation; none when none fits.
+    std::optional<allocation<device_type>> take_parked_piece(pool_detail::span_cache& cache, std::uint64_t bytes,
+                                                             std::uint64_t size, std::uint64_t alignment) noexcept {
+        if (cache.parked_bytes() == 0) {
+            return std::nullopt;
+        }
+        const std::optional<pool_detail::parked_piece> parked =
+            cache.take(pool_classes::bin_of(bytes), bytes, alignment, size);
+        if (!parked.has_value()) {
+            return std::nullopt;
+        }
+        span_type& piece = spans_[parked->index];
+        const std::uint64_t mechanism = piece.segment.mechanism_id; // read while the piece is still ours
+        const std::uint32_t generation = piece.ticket.publish(parked->base, size, alignment);
+        return allocation<device_type>{device_type::from_wire(parked->base), size, alignment,
+                                       pool_detail::span_id(generation, parked->index), mechanism, device_};
+    }
+
+    // A piece its releaser has claimed (its ticket says not live) parks in the releasing thread's
+    // cache; false, nothing changed, when that cache has no room for it.
+    bool park_piece(const span_type& piece, std::uint64_t released_size) noexcept {
+        if (options_.span_cache_bytes == 0) {
+            return false;
+        }
+        return span_caches_[pool_detail::this_thread_shard()].park(
+            {piece.index, pool_classes::bin_of(piece.bytes), piece.base, piece.bytes}, released_size,
+            options_.span_cache_bytes);
+    }
+
+    // Every shard's parked pieces go back to the span free lists, merged with free neighbours;
+    // returns how many went. A cache is emptied under its own lock, its pieces listed after,
+    // under the span lock.
+    std::uint32_t flush_span_caches() noexcept {
+        std::uint32_t flushed = 0;
+        for (pool_detail::span_cache& cache : span_caches_) {
+            flushed += flush_span_cache(cache);
+        }
+        return flushed;
+    }
+    std::uint32_t flush_span_cache(pool_detail::span_cache& cache) noexcept {
+        if (cache.parked_bytes() == 0) {
+            return 0;
+        }
+        pool_detail::span_cache::pieces taken;
+        const std::uint32_t count = cache.take_all(taken);
+        if (count == 0) {
+            return 0;
+        }
+        std::lock_guard lock(span_lock_);
+        for (std::uint32_t at = 0; at < count; ++at) {
+            span_type& piece = spans_[taken[at].index];
+            span_handed_out_bytes_ -= piece.bytes;
+            put_back_piece(piece);
+        }
+        return count;
+    }
+
+    std::uint64_t parked_span_bytes() const noexcept {
+        std::uint64_t parked = 0;
+        for (const pool_detail::span_cache& cache : span_caches_) {
+            parked += cache.parked_bytes();
+        }
+        return parked;
     }
 
     // ---- retention ----
@@ -1381,7 +1496,7 @@ private:
             return;
         }
         const std::uint64_t reclaimable = free_slab_bytes_.load(std::memory_order_relaxed) +
-                                          free_piece_bytes_.load(std::memory_order_relaxed);
+                                          free_piece_bytes_.load(std::memory_order_relaxed) + parked_span_bytes();
         if (reclaimable > options_.retain_limit_bytes) {
             trim(options_.retain_limit_bytes);
         }
@@ -1437,11 +1552,13 @@ private:
             for (std::uint32_t at = range.index; at != pool_detail::none; at = spans_[at].higher) {
                 const span_type& piece = spans_[at];
                 if (piece.base == wire) {
-                    if (piece.state != pool_detail::span_state::live) {
+                    // Live to the span lock and to its ticket (not parked in a shard's cache).
+                    const auto handed = piece.ticket.live_description();
+                    if (piece.state != pool_detail::span_state::live || !handed.has_value()) {
                         break;
                     }
-                    return allocation<device_type>{device_type::from_wire(wire), piece.requested_bytes, piece.alignment,
-                                                   pool_detail::span_id(piece.generation, piece.index),
+                    return allocation<device_type>{device_type::from_wire(wire), handed->size, handed->alignment,
+                                                   pool_detail::span_id(handed->generation, piece.index),
                                                    piece.segment.mechanism_id, device_};
                 }
             }
@@ -1486,11 +1603,13 @@ private:
             return std::nullopt;
         }
         const span_type& piece = spans_[at];
-        if (piece.state != pool_detail::span_state::live || piece.base != wire) {
+        // Live to the span lock and to its ticket (not parked in a shard's cache).
+        const auto handed = piece.ticket.live_description();
+        if (piece.state != pool_detail::span_state::live || piece.base != wire || !handed.has_value()) {
             return std::nullopt;
         }
-        return allocation<device_type>{device_type::from_wire(wire), piece.requested_bytes, piece.alignment,
-                                       pool_detail::span_id(piece.generation, piece.index),
+        return allocation<device_type>{device_type::from_wire(wire), handed->size, handed->alignment,
+                                       pool_detail::span_id(handed->generation, piece.index),
                                        piece.segment.mechanism_id, device_};
     }
 
@@ -1646,6 +1765,10 @@ private:
     std::uint64_t arena_end_ = 0;
     std::uint32_t arena_top_ = pool_detail::none;
     granule_directory granules_;
+
+    // Each shard's parked span pieces (pool/detail/span_cache.hpp): a cache's lock is taken with
+    // no other lock held, or in usage()'s cut, all of them before span_lock_.
+    mutable std::array<pool_detail::span_cache, pool_detail::shard_count> span_caches_;
 
     std::map<std::uint64_t, mapped_range> ranges_;
     mutable std::array<padded_lock, pool_detail::shard_count> readers_;

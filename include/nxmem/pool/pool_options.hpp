@@ -16,6 +16,9 @@ enum class pool_growth : std::uint32_t {
     by_allocation = 1, // one upstream allocation per chunk, whatever the upstream offers
 };
 
+// Two 2 MiB pieces a thread, and no piece larger than 4 MiB (see span_cache_bytes).
+inline constexpr std::uint64_t pool_default_span_cache_bytes = std::uint64_t{4} << 20;
+
 struct pool_options {
     // The bytes of one chunk taken from the upstream for small allocations. 0: max(2 MiB, the
     // upstream's commit granularity when it offers virtual backing). Rounded up to a multiple of
@@ -31,6 +34,12 @@ struct pool_options {
     // grows by commit (0: 64 GiB). A reservation that fails makes the pool grow by allocation.
     pool_growth growth = pool_growth::automatic;
     std::uint64_t reserve_bytes = 0;
+    // The bytes of released span pieces (requests above 16 KiB, up to pass_through_bytes) each
+    // of the pool's sixteen thread shards may park for its thread's next request of the same
+    // size bin, served without the pool's span lock (docs/HOST.md "Pools", Threads). Parked
+    // pieces count as idle; they go back to the span free lists before the pool grows, at trim()
+    // and under the retention limit. 0: no cache, every span takes the span lock.
+    std::uint64_t span_cache_bytes = pool_default_span_cache_bytes;
 };
 
 // The defaults that 0 stands for, in one place for the pool and its documentation.

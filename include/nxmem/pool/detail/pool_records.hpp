@@ -5,6 +5,7 @@
 #include <nxmem/allocation.hpp>
 #include <nxmem/device.hpp>
 #include <nxmem/detail/spin_lock.hpp>
+#include <nxmem/pool/detail/span_ticket.hpp>
 #include <nxmem/pool/size_classes.hpp>
 
 #include <array>
@@ -81,10 +82,10 @@ enum class span_state : std::uint8_t { unused, live, free, spent, leaving, busy 
 // A piece of a span segment (one upstream allocation, or a pass-through) or of the span arena
 // (growth by commit): live, free (listed by size bin), or spent (its ids used up: never handed
 // out again nor merged). Its neighbours in the segment or arena, by address, are `lower` and
-// `higher`. Guarded by the pool's span lock.
+// `higher`. Guarded by the pool's span lock, but for its ticket; "live" is the span lock's view:
+// out of the free lists, handed out or parked in a shard's span cache (the ticket tells which).
 template <class D> struct alignas(64) span_record {
     std::uint32_t index = 0;
-    std::uint32_t generation = 0;
     std::uint32_t next = none;     // in its bin's free list, the pool's free index list, or a trim's list
     std::uint32_t previous = none; // in its bin's free list
     std::uint32_t lower = none;    // the piece just below it in its segment; none for the first
@@ -95,9 +96,8 @@ template <class D> struct alignas(64) span_record {
     std::uint64_t base = 0;  // wire address
     std::uint64_t bytes = 0; // the piece's, a multiple of the pool's granule
     std::uint64_t committed_bytes = 0; // of `bytes`; fewer only in the arena (which: arena_granule)
-    std::uint64_t requested_bytes = 0;
-    std::uint64_t alignment = 0;
     allocation<D> segment{}; // the upstream allocation it is part of
+    span_ticket ticket;      // live or not, its generation and request: read and claimed unlocked
 };
 
 // One granule of the span arena: whether it is committed, and the piece that starts there (so an
