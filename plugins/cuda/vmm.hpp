@@ -267,7 +267,7 @@ public:
         }
         // Its last mapping went with its last sharer: releasing the handle frees the memory (an
         // imported one: this process's hold on it; the exporter and other importers keep theirs).
-        (void)device_->current([&] { return release_handles({gone->physical}); });
+        (void)device_->current([&] { return release_handle(gone->physical); });
         if (gone->imported) {
             imported_bytes_.fetch_sub(gone->length, std::memory_order_relaxed);
         } else {
@@ -322,7 +322,7 @@ public:
         result<handle> imported = device_->current([&]() -> result<handle> {
             NXMEM_TRY(physical, sharing_.import_descriptor(record.fds[0]));
             if (result<void> whole = prove_length(physical, length); !whole) {
-                (void)release_handles({physical});
+                (void)release_handle(physical);
                 return boost::outcome_v2::failure(whole.error());
             }
             return physical;
@@ -338,7 +338,7 @@ public:
             made->read_only = access == NXMEM_IPC_READ_ONLY;
             prefixes_.insert(prefix_id, std::move(made));
         } catch (...) {
-            (void)device_->current([&] { return release_handles({imported.value()}); });
+            (void)device_->current([&] { return release_handle(imported.value()); });
             sharing_.forget_import(opaque.export_id);
             throw;
         }
@@ -529,12 +529,16 @@ private:
         });
     }
 
+    // One handle: allocates nothing unless the driver fails, since it runs where the kit tears an
+    // allocator down (no exception may leave a destructor, nxmem conform --oom).
+    result<void> release_handle(handle chunk) const {
+        return device_->check(device_->api().mem_release(chunk),
+                              [] { return std::string(name) + ": cuMemRelease"; });
+    }
     result<void> release_handles(const std::vector<handle>& handles) const {
         result<void> outcome = boost::outcome_v2::success();
         for (handle chunk : handles) {
-            result<void> released = device_->check(device_->api().mem_release(chunk), [] {
-                return std::string(name) + ": cuMemRelease";
-            });
+            result<void> released = release_handle(chunk);
             if (!released && outcome) {
                 outcome = std::move(released);
             }
@@ -699,7 +703,7 @@ private:
         try {
             prefixes_.insert(prefix_id, std::make_shared<prefix_memory>(prefix_id, size, length, made));
         } catch (...) {
-            (void)release_handles({made});
+            (void)release_handle(made);
             throw;
         }
         shared_prefix_bytes_.fetch_add(length, std::memory_order_relaxed);
