@@ -19,6 +19,7 @@
 //   import (prefix)       the descriptor checked (a memfd, size sealed, the claimed size, the
 //                         handle's access; ../include/nxmem/plugin/memfd_share.hpp), the export id
 //                         never imported by this allocator before, then dup'd as a local prefix
+//                         (reopened O_RDONLY for a read-only import of a read-write handle)
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
 //
@@ -355,13 +356,14 @@ public:
     result<plugin::imported_prefix> import_shared_prefix(const NxmemIpcHandle& handle,
                                                          std::uint32_t access) {
         NXMEM_TRY(checked, check_export(handle, prefix_tag, "prefix"));
-        const int fd = ::fcntl(handle.fds[0], F_DUPFD_CLOEXEC, 0);
-        if (fd < 0) {
-            const int code = errno;
+        // A read-only import of a read-write handle keeps a read-only descriptor (IP5): every
+        // mapping of the prefix is then made through a descriptor that cannot write.
+        result<int> kept = plugin::imported_memfd_descriptor(handle.fds[0], access);
+        if (!kept) {
             forget_import(checked.export_id);
-            return fail(status_code::out_of_memory,
-                        std::string(name) + ": keeping an imported descriptor failed: " + errno_text(code));
+            return fail(kept.error().code, std::string(name) + ": " + kept.error().message);
         }
+        const int fd = kept.value();
         const std::uint64_t prefix_id = prefixes_.next_id();
         try {
             auto made = std::make_shared<prefix_file>(prefix_id, fd, handle.size, checked.length);

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -534,6 +535,29 @@ TEST_CASE("IP5, IP14: a read-only allocation import cannot be written: a write f
     // The exporter's own mapping stays writable.
     static_cast<unsigned char*>(fixture.live->address)[0] = 1;
     CHECK_FALSE(write_faults_in_child(fixture.live->address));
+    fixture.check_nothing_imported();
+}
+
+TEST_CASE("IP5: a read-only import of a read-write prefix handle maps it unwritable", "[ipc]") {
+    // The importer keeps a read-only descriptor of the file, not the handle's read-write one, so
+    // a sequence mapping the imported prefix can neither write it nor mprotect it writable.
+    sharing_fixture fixture;
+    host::ipc_handle read_write = fixture.export_prefix(NXMEM_IPC_READ_WRITE);
+    {
+        auto imported = value_or_fail(fixture.sharing.import(read_write, NXMEM_IPC_READ_ONLY));
+        CHECK(imported.access() == NXMEM_IPC_READ_ONLY);
+        auto sequence = value_or_fail(fixture.lazy.allocate(prefix_size, 4096));
+        REQUIRE(fixture.mapping.commit_prefix(sequence, imported.prefix()));
+        CHECK(write_faults_in_child(sequence.address));
+        CHECK(::mprotect(sequence.address, 4096, PROT_READ | PROT_WRITE) != 0);
+        CHECK(errno == EACCES);
+        // Exporting it on read-write is refused; read-only it goes on.
+        auto widened = fixture.sharing.export_prefix(imported.prefix(), NXMEM_IPC_READ_WRITE);
+        REQUIRE_FALSE(widened);
+        CHECK_THAT(widened.error().message, Catch::Contains("imported read-only"));
+        REQUIRE(fixture.lazy.release(sequence));
+        REQUIRE(imported.close());
+    }
     fixture.check_nothing_imported();
 }
 

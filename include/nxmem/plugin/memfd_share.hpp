@@ -66,6 +66,15 @@ inline result<int> reopen_read_only(int fd) {
     }
     return reader;
 }
+// A duplicate of `fd` (close-on-exec); the caller owns it. `why` says what it was for.
+inline result<int> duplicate(int fd, const char* why) {
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        const int code = errno;
+        return fail(status_code::out_of_memory, std::string(why) + " failed: " + errno_words(code));
+    }
+    return copy;
+}
 } // namespace detail
 
 // Seals the size of the memfd `fd` (created with MFD_ALLOW_SEALING); sealing twice is harmless.
@@ -85,13 +94,7 @@ inline result<void> seal_memfd_size(int fd) {
 // A new descriptor of the memfd `fd` (sealed) that allows `access` and no more; the caller owns it.
 inline result<int> memfd_descriptor_for(int fd, std::uint32_t access) {
     if (access == NXMEM_IPC_READ_WRITE) {
-        const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (copy < 0) {
-            const int code = errno;
-            return fail(status_code::out_of_memory,
-                        "duplicating a memfd for export failed: " + detail::errno_words(code));
-        }
-        return copy;
+        return detail::duplicate(fd, "duplicating a memfd for export");
     }
     if (::fchmod(fd, S_IRUSR) != 0) {
         const int code = errno;
@@ -137,23 +140,29 @@ inline result<void> check_imported_memfd(int fd, std::uint64_t length, std::uint
     return boost::outcome_v2::success();
 }
 
+// The importer's own descriptor of `fd`, a descriptor check_imported_memfd accepted, allowing
+// `access` and no more: a duplicate, or for a read-only import of a read-write handle a new
+// read-only descriptor of the file, so that no mapping made through it, and no mprotect of such
+// a mapping, can ever write. The caller owns it.
+inline result<int> imported_memfd_descriptor(int fd, std::uint32_t access) {
+    if (access == NXMEM_IPC_READ_ONLY && (::fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+        return detail::reopen_read_only(fd);
+    }
+    return detail::duplicate(fd, "keeping an imported descriptor");
+}
+
 // Maps all `length` bytes of `fd`, a descriptor check_imported_memfd accepted, shared: readable,
 // and writable only for a read-write import. A read-only import maps through a read-only
-// descriptor of the file, so no mprotect can make the mapping writable even when the handle was
-// read-write. The mapping keeps the file alive; no descriptor is kept. The caller munmaps it.
+// descriptor of the file (imported_memfd_descriptor), so no mprotect can make the mapping
+// writable even when the handle was read-write. The mapping keeps the file alive; no descriptor
+// is kept. The caller munmaps it.
 inline result<std::uint64_t> map_imported_memfd(int fd, std::uint64_t length, std::uint32_t access) {
     const bool read_only = access == NXMEM_IPC_READ_ONLY;
-    int source = fd;
-    if (read_only && (::fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
-        NXMEM_TRY(reader, detail::reopen_read_only(fd));
-        source = reader;
-    }
+    NXMEM_TRY(source, imported_memfd_descriptor(fd, access));
     void* mapped = ::mmap(nullptr, static_cast<std::size_t>(length),
                           read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, source, 0);
     const int code = errno;
-    if (source != fd) {
-        ::close(source);
-    }
+    ::close(source);
     if (mapped == MAP_FAILED) {
         return fail(status_code::out_of_memory, "mapping an imported memfd of " +
                                                     std::to_string(length) +
