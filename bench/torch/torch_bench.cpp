@@ -6,6 +6,14 @@
 //
 //   torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR]
 //
+// OMP_WAIT_POLICY: unless the environment sets it, the bench runs itself again with PASSIVE.
+// PyTorch's intra-op threads are libgomp's, and an idle libgomp worker spins (ACTIVE, the
+// default) while OpenBLAS's own pthread workers run the matrix products; with 2 threads on a
+// 2-core machine the spinning worker takes a core from OpenBLAS, a 2-thread forward pass then takes
+// 1.8-2.3x the time it takes with PASSIVE (slower than 1 thread), and how much depends on timing,
+// which swamps the allocator being measured. `OMP_WAIT_POLICY=ACTIVE torch_bench` measures that.
+// libgomp reads the variable once, when it is loaded, hence running again rather than setenv.
+//
 // --trace DIR writes the allocation trace of one forward pass and one training step
 // (DIR/transformer_forward.trace, DIR/transformer_train_step.trace; format in bench/traces/README.md)
 // and their size distributions, and measures nothing.
@@ -14,8 +22,10 @@
 
 #include <dlfcn.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +130,28 @@ private:
     mutable std::size_t zero_sized_ = 0;
 };
 
+// ---- colouring: each tensor placed at a different cache-line offset within its first page ----
+// An experiment on placement (--colour): the upstream's block is 4 KiB larger and the tensor
+// starts 64 B x (0..63) into it, the offset cycling, as glibc's heap offsets vary.
+class colouring_allocator final : public c10::Allocator {
+public:
+    explicit colouring_allocator(c10::Allocator& upstream) : upstream_(upstream) {}
+    c10::DataPtr allocate(std::size_t bytes) const override {
+        if (bytes == 0) {
+            return upstream_.allocate(0);
+        }
+        const std::size_t offset = (next_colour_.fetch_add(1, std::memory_order_relaxed) * 29 % 64) * 64;
+        auto* held = new c10::DataPtr(upstream_.allocate(bytes + 4096));
+        void* data = static_cast<char*>(held->get()) + offset;
+        return {data, held, &release, c10::Device(c10::DeviceType::CPU)};
+    }
+
+private:
+    static void release(void* context) { delete static_cast<c10::DataPtr*>(context); }
+    c10::Allocator& upstream_;
+    mutable std::atomic<std::size_t> next_colour_{0};
+};
+
 void write_trace(const std::string& path, const std::string& what, std::vector<std::string> events,
                  std::vector<std::size_t> sizes, std::size_t zero_sized) {
     std::ofstream out(path);
@@ -180,10 +212,18 @@ int trace(const std::string& directory, const transformer_shape& shape) {
 
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0); // each table line as soon as it is measured
+    if (std::getenv("OMP_WAIT_POLICY") == nullptr) { // see the top of this file
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);
+        std::perror("torch_bench: running again with OMP_WAIT_POLICY=PASSIVE");
+        return 1;
+    }
     int rounds = 11;
     std::vector<int> thread_counts{1, 2};
     transformer_shape shape;
     std::string trace_directory;
+    std::string chosen; // empty: all
+    bool colour = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string flag = argv[i];
         const std::string value = argv[i + 1];
@@ -200,8 +240,13 @@ int main(int argc, char** argv) {
             shape = torch_engine::small_transformer;
         } else if (flag == "--trace") {
             trace_directory = value;
+        } else if (flag == "--contenders") {
+            chosen = "," + value + ",";
+        } else if (flag == "--colour") {
+            colour = value == "1";
         } else {
-            std::fprintf(stderr, "usage: torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR]\n");
+            std::fprintf(stderr, "usage: torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR] "
+                                 "[--contenders eager-direct,eager-pooled,lazy-direct,lazy-pooled] [--colour 1]\n");
             return 2;
         }
     }
@@ -217,17 +262,28 @@ int main(int argc, char** argv) {
     std::vector<contender> contenders{{"PyTorch's allocator", c10::GetCPUAllocator()}};
     for (const char* mechanism : {"posix-eager", "posix-lazy"}) {
         for (bool pooled : {false, true}) {
+            const std::string key = std::string(mechanism + 6) + (pooled ? "-pooled" : "-direct");
+            if (!chosen.empty() && chosen.find("," + key + ",") == std::string::npos) {
+                continue;
+            }
             auto& installed = installation::install(plugin, mechanism, "", pooled);
             contenders.push_back({std::string("nxmem ") + mechanism + (pooled ? " pooled" : " direct"),
                                   &installed.allocator()});
+            if (colour) {
+                contenders.push_back({std::string("nxmem ") + mechanism + (pooled ? " pooled" : " direct") +
+                                          " col",
+                                      new colouring_allocator(installed.allocator())});
+            }
         }
     }
     installation::uninstall();
     transformer_workload workload(shape);
 
-    std::printf("transformer %lld layers, d_model %lld, batch %lld x %lld; %d interleaved rounds, medians\n",
+    std::printf("transformer %lld layers, d_model %lld, batch %lld x %lld; %d interleaved rounds, medians; "
+                "OMP_WAIT_POLICY=%s\n",
                 static_cast<long long>(shape.layers), static_cast<long long>(shape.d_model),
-                static_cast<long long>(shape.batch), static_cast<long long>(shape.sequence), rounds);
+                static_cast<long long>(shape.batch), static_cast<long long>(shape.sequence), rounds,
+                std::getenv("OMP_WAIT_POLICY"));
     for (int threads : thread_counts) {
         set_threads(threads);
         std::vector<std::vector<sample>> forward(contenders.size()), step(contenders.size());
