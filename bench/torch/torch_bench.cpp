@@ -212,7 +212,7 @@ int trace(const std::string& directory, const transformer_shape& shape) {
 
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0); // each table line as soon as it is measured
-    if (std::getenv("OMP_WAIT_POLICY") == nullptr) { // see the top of this file
+    if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy == nullptr || *policy == '\0') { // see the top
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
         std::perror("torch_bench: running again with OMP_WAIT_POLICY=PASSIVE");
