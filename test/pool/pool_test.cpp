@@ -580,6 +580,28 @@ TEST_CASE("growth by commit: spans are pieces of one arena, grown at its top, de
         CHECK(commits->committed_bytes == 0);
         CHECK(ledger->allocations == 1);
     }
+    SECTION("trim(keep) decommits only the top granules of a free piece that exceed keep") {
+        REQUIRE(pool.release(larger)); // the top piece: 512 KiB committed, free
+        CHECK(pool.usage().idle_bytes == 512 * kib);
+        CHECK(pool.trim(400 * kib) == 128 * kib); // 112 KiB over keep: two whole 64 KiB granules
+        CHECK(pool.usage().idle_bytes == 384 * kib);
+        CHECK(commits->committed_bytes == 128 * kib + 384 * kib);
+        CHECK(pool.trim(384 * kib) == 0);
+        CHECK(pool.trim(320 * kib) == 64 * kib); // the next granule down, not the piece
+        CHECK(commits->committed_bytes == 128 * kib + 320 * kib);
+        // The piece is whole again when handed out: only its decommitted top is committed.
+        const std::uint64_t commits_before = commits->commits;
+        auto whole = value_or_fail(pool.allocate(512 * kib, 64));
+        writable(whole);
+        CHECK(address_of(whole) == address_of(larger));
+        CHECK(commits->commits == commits_before + 1);
+        CHECK(commits->committed_bytes == 640 * kib);
+        CHECK(pool.usage().held_bytes == commits->committed_bytes);
+        REQUIRE(pool.release(whole));
+        REQUIRE(pool.release(again));
+        CHECK(pool.trim(0) == 640 * kib);
+        CHECK(commits->committed_bytes == 0);
+    }
     SECTION("a refused commit is OUT_OF_MEMORY and changes nothing") {
         commits->refuse_commits_from = commits->commits + 1;
         const pool_usage before = pool.usage();
@@ -627,7 +649,7 @@ TEST_CASE("growth by commit: neighbouring arena pieces released apart serve one 
     CHECK(commits->committed_bytes == 0);
 }
 
-TEST_CASE("growth by commit: beyond the retention limit a released arena piece is decommitted", "[pool]") {
+TEST_CASE("growth by commit: beyond the retention limit a released arena piece gives back the excess from its top", "[pool]") {
     test::committing_upstream upstream;
     auto commits = upstream.commits;
     pool_options options = small_reservation();
@@ -638,13 +660,18 @@ TEST_CASE("growth by commit: beyond the retention limit a released arena piece i
     CHECK(commits->committed_bytes == 4 * mib + 512 * kib);
     REQUIRE(pool.release(kept)); // 512 KiB idle: within the limit, kept committed
     CHECK(commits->committed_bytes == 4 * mib + 512 * kib);
-    REQUIRE(pool.release(large)); // merged with it, 4.5 MiB idle: decommitted, the top lowered
-    CHECK(commits->committed_bytes == 0);
-    CHECK(pool.usage().held_bytes == 0);
-    auto again = value_or_fail(pool.allocate(4 * mib, 64)); // from the arena's base again
+    REQUIRE(pool.release(large)); // merged with it, 4.5 MiB idle: all but 1 MiB decommitted
+    CHECK(commits->committed_bytes == 1 * mib);
+    CHECK(pool.usage().held_bytes == 1 * mib);
+    CHECK(pool.usage().idle_bytes == 1 * mib);
+    auto again = value_or_fail(pool.allocate(4 * mib, 64)); // the merged piece, its top committed again
     std::memset(again.address, 0x3a, again.size);
     CHECK(again.address == kept.address);
-    REQUIRE(pool.release(again));
+    CHECK(commits->committed_bytes == 4 * mib);
+    REQUIRE(pool.release(again)); // 4 MiB idle: back to the limit
+    CHECK(commits->committed_bytes == 1 * mib);
+    CHECK(pool.trim(0) == 1 * mib);
+    CHECK(commits->committed_bytes == 0);
 }
 
 TEST_CASE("growth by commit: a span the arena cannot hold gets a segment of its own", "[pool]") {

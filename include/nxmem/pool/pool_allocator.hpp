@@ -1158,6 +1158,18 @@ private:
         }
     }
     std::uint64_t granule_of(std::uint64_t address) const noexcept { return (address - arena_base_) / granule_; }
+    // Under span_lock_ (or with the piece busy): the bytes at the top of `piece` whose committed
+    // granules add up to at least `wanted` bytes.
+    std::uint64_t top_bytes_holding(const span_type& piece, std::uint64_t wanted) const noexcept {
+        std::uint64_t bytes = 0;
+        std::uint64_t committed = 0;
+        for (std::uint64_t at = granule_of(piece.base + piece.bytes); committed < wanted && bytes < piece.bytes;) {
+            --at;
+            bytes += granule_;
+            committed += granules_[at].committed ? granule_ : 0;
+        }
+        return bytes;
+    }
     // Under span_lock_: the committed bytes of the arena range [base, base + bytes).
     std::uint64_t committed_bytes_in(std::uint64_t base, std::uint64_t bytes) const noexcept {
         std::uint64_t committed = 0;
@@ -1169,12 +1181,16 @@ private:
 
     // Decommits the committed granules of free arena pieces, from the top down, until `wanted`
     // bytes are given back (each piece busy while the span lock is dropped for the upstream), and
-    // lowers the arena's top when its top piece is free. Returns the bytes decommitted.
+    // lowers the arena's top when its top piece is free. The last piece gives only the top
+    // granules that make up `wanted` (rounded up to whole granules), so trim(keep) keeps what it
+    // may keep. Returns the bytes decommitted.
     std::uint64_t decommit_free_arena(std::uint64_t wanted) {
         if (arena_limit_ == 0) {
             return 0;
         }
         std::uint32_t taken = pool_detail::none; // linked through next
+        std::uint32_t partial = pool_detail::none; // the piece that gives only its top granules
+        std::uint64_t partial_bytes = 0;           // how many of its top bytes it gives
         {
             std::lock_guard lock(span_lock_);
             std::uint64_t taken_bytes = 0;
@@ -1185,7 +1201,14 @@ private:
                     piece.state = pool_detail::span_state::busy;
                     piece.next = taken;
                     taken = piece.index;
-                    taken_bytes += piece.committed_bytes;
+                    const std::uint64_t needed = wanted - taken_bytes;
+                    if (piece.committed_bytes > needed) {
+                        partial = piece.index;
+                        partial_bytes = top_bytes_holding(piece, needed);
+                        taken_bytes = wanted;
+                    } else {
+                        taken_bytes += piece.committed_bytes;
+                    }
                 }
             }
             if (taken == pool_detail::none) {
@@ -1198,8 +1221,9 @@ private:
             span_type& piece = spans_[taken];
             taken = piece.next;
             piece.next = pool_detail::none;
+            const std::uint64_t from = piece.index == partial ? piece.bytes - partial_bytes : 0;
             std::optional<error> refused; // a granule the upstream keeps stays committed, counted
-            const std::uint64_t decommitted = change_commitment(piece.base, piece.bytes, false, refused);
+            const std::uint64_t decommitted = change_commitment(piece.base + from, piece.bytes - from, false, refused);
             given += decommitted;
             std::lock_guard lock(span_lock_);
             piece.committed_bytes -= decommitted;
