@@ -1,4 +1,5 @@
 #include "bench.hpp"
+#include "plugin_paths.hpp"
 
 #include "text_table.hpp"
 
@@ -107,6 +108,7 @@ subcommand add_bench(CLI::App& parent) {
         "refused or a measured call failed, 2 on bad usage.");
     bench->add_option("PLUGIN", options->plugin, "The plugin shared object (.so)")
         ->type_name("PATH")
+        ->transform(as_plugin_path, std::string(), std::string())
         ->required();
     bench->add_option("--mechanism", options->mechanism,
                       "The mechanism (factory) to measure (default: the first serving cpu)")

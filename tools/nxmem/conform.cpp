@@ -104,7 +104,8 @@ subcommand add_conform(CLI::App& parent) {
         "Exit status: 0 when every mechanism conforms, 1 when any check failed, a mechanism\n"
         "crashed or a plugin was refused, 2 on bad usage.");
     conform->add_option("PLUGIN", options->plugins, "Plugin shared objects (.so) to check")
-        ->type_name("PATH");
+        ->type_name("PATH")
+        ->transform(as_plugin_path, std::string(), std::string());
     conform->add_option("--mechanism", options->mechanism, "Check only the mechanism of this name")
         ->type_name("NAME");
     conform

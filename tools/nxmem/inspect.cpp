@@ -223,7 +223,8 @@ subcommand add_inspect(CLI::App& parent) {
             },
             std::string())); // the type name already shows the form
     inspect->add_option("PLUGIN", options->plugins, "Plugin shared objects (.so) to inspect")
-        ->type_name("PATH");
+        ->type_name("PATH")
+        ->transform(as_plugin_path, std::string(), std::string());
     return {inspect, [options] { return run_inspect(*options); }};
 }
 

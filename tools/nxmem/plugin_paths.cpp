@@ -70,6 +70,13 @@ bool running_from_build_tree() {
 
 } // namespace
 
+std::string as_plugin_path(std::string argument) {
+    if (argument.empty() || std::filesystem::path(argument).has_parent_path()) {
+        return argument;
+    }
+    return "./" + argument;
+}
+
 std::string installed_plugin_directory() {
     // The plugin directory relative to the bin directory, applied to where this executable
     // really is: DESTDIR staging and a moved prefix keep working.
@@ -93,7 +100,7 @@ plugin_list default_plugins() {
             if (std::filesystem::is_directory(entry, ignored)) {
                 add_directory(entry, origin, list);
             } else {
-                list.paths.push_back(entry);
+                list.paths.push_back(as_plugin_path(entry));
             }
         }
         return list;

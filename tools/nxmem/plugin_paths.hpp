@@ -21,6 +21,11 @@ struct plugin_list {
 // when it fails to load), a directory entry contributes its *.so files in name order.
 plugin_list default_plugins();
 
+// A PLUGIN argument as the loader must see it: a bare file name ("plugin.so") names the file in
+// the current directory, as any other path does, and is never handed to dlopen's library search
+// (which would look in the system's library directories and not here). Other paths are kept.
+std::string as_plugin_path(std::string argument);
+
 // The installed plugin directory as this executable sees it.
 std::string installed_plugin_directory();
 
