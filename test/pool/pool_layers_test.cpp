@@ -155,7 +155,9 @@ allocation<cuda_device> fitted(fake_spans& spans, std::uint64_t bytes) {
     return value_or_fail(std::move(*found));
 }
 void release_span(fake_spans& spans, const allocation<cuda_device>& live) {
-    auto* piece = value_or_fail(spans.claim(live));
+    pool_detail::span_ticket::verdict verdict{};
+    auto* piece = spans.claim(live, verdict);
+    REQUIRE(verdict == pool_detail::span_ticket::verdict::claimed);
     REQUIRE(spans.release_claimed(*piece, live.size, pool_detail::generation_of(live.allocation_id)));
 }
 std::uint64_t wire(const allocation<cuda_device>& live) { return cuda_device::to_wire(live.address); }
@@ -268,7 +270,8 @@ TEST_CASE("small-block layer over a fake source: one chunk, checked releases, th
     CHECK(blocks.figures().handed_out_bytes == 100 * 64);
     CHECK(blocks.find_live(wire(live[5]), 0, 0x200000000000ULL)->allocation_id == live[5].allocation_id);
 
-    bool freed_slab = false;
+    int freed_slabs = 0;
+    const auto freed_slab = [&] { ++freed_slabs; };
     allocation<cuda_device> misdescribed = live[0];
     misdescribed.size = 48;
     CHECK(blocks.release(misdescribed, freed_slab).error().code == status_code::invalid_argument);
@@ -277,6 +280,7 @@ TEST_CASE("small-block layer over a fake source: one chunk, checked releases, th
     }
     CHECK(blocks.release(live[0], freed_slab).error().code == status_code::unknown_allocation);
     CHECK(blocks.figures().live_allocations == 0);
+    CHECK(freed_slabs == 0); // its one slab is the shard's current one: kept
 
     blocks.retire_idle_current_slabs();
     source.keeps = true;
@@ -296,19 +300,23 @@ TEST_CASE("cache layer over the span layer: a parked piece serves its thread's n
     fake_chunk_source source(true);
     fake_spans spans(source);
     pool_detail::cached_spans<fake_spans> caches(spans, 4 * mib);
+    int idle = 0;
+    const auto on_idle = [&] { ++idle; };
     const auto first = value_or_fail(caches.allocate(200 * kib, 256));
-    REQUIRE(caches.release(first));
+    REQUIRE(caches.release(first, on_idle));
+    CHECK(idle == 1);
     CHECK(caches.parked_bytes() == 256 * kib); // rounded to the granule
     CHECK(caches.figures().live_allocations == 0);
     CHECK(caches.figures().handed_out_bytes == 0); // parked is idle
-    CHECK(caches.release(first).error().code == status_code::unknown_allocation);
+    CHECK(caches.release(first, on_idle).error().code == status_code::unknown_allocation);
+    CHECK(idle == 1);
 
     const std::uint64_t committed = source.committed_bytes_up;
     const auto second = value_or_fail(caches.allocate(250 * kib, 256));
     CHECK(wire(second) == wire(first));
     CHECK(second.allocation_id != first.allocation_id);
     CHECK(source.committed_bytes_up == committed);
-    REQUIRE(caches.release(second));
+    REQUIRE(caches.release(second, on_idle));
     CHECK(caches.flush_all() == 1);
     CHECK(caches.parked_bytes() == 0);
     CHECK(spans.free_bytes() == 256 * kib);

@@ -199,19 +199,13 @@ private:
         if (const auto code = identity_fault(live); code != status_code::ok) [[unlikely]] {
             return pool_detail::refused_release(code, live);
         }
+        // The layers call back when idle memory grew (a piece released, a slab emptied), and
+        // their result is returned as it is: moving a result would move its error's text too.
+        const auto retain = [this]() { enforce_retention(); };
         if (pool_detail::names_span(live.allocation_id)) {
-            auto released = caches_.release(live);
-            if (released.has_value()) {
-                enforce_retention();
-            }
-            return released;
+            return caches_.release(live, retain);
         }
-        bool freed_slab = false;
-        auto released = blocks_.release(live, freed_slab);
-        if (freed_slab) {
-            enforce_retention();
-        }
-        return released;
+        return blocks_.release(live, retain);
     }
 
     status_code identity_fault(const allocation<device_type>& live) const noexcept {

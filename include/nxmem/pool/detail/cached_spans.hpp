@@ -57,19 +57,26 @@ public:
 
     // A span's release (its mechanism and device checked by the caller): claimed without the span
     // lock (of two releases of one id, one wins), then parked in the releasing thread's cache, or
-    // handed to the span layer when it may not park or the cache is full.
-    result<release_report> release(const allocation<device_type>& live) {
-        auto claimed = spans_->claim(live);
-        if (!claimed.has_value()) [[unlikely]] {
-            return std::move(claimed).error();
+    // handed to the span layer when it may not park or the cache is full. `on_idle()` runs, no
+    // lock held, once a pooled piece is idle (parked or free).
+    template <class OnIdle> result<release_report> release(const allocation<device_type>& live, OnIdle&& on_idle) {
+        span_ticket::verdict verdict = span_ticket::verdict::not_live;
+        auto* piece = spans_->claim(live, verdict);
+        if (verdict != span_ticket::verdict::claimed) [[unlikely]] {
+            return Spans::refused_claim(verdict, live);
         }
-        auto& piece = *claimed.value();
         const std::uint32_t generation = generation_of(live.allocation_id);
-        if (cap_bytes_ != 0 && Spans::parkable(piece, generation) &&
-            caches_[this_thread_shard()].park(Spans::parking_of(piece), live.size, cap_bytes_)) [[likely]] {
+        if (cap_bytes_ != 0 && Spans::parkable(*piece, generation) &&
+            caches_[this_thread_shard()].park(Spans::parking_of(*piece), live.size, cap_bytes_)) [[likely]] {
+            on_idle();
             return release_report{release_state::complete, 0, 0};
         }
-        return spans_->release_claimed(piece, live.size, generation);
+        if (piece->pass_through) {
+            return spans_->release_claimed(*piece, live.size, generation);
+        }
+        (void)spans_->release_claimed(*piece, live.size, generation); // COMPLETE: a pooled piece
+        on_idle();
+        return release_report{release_state::complete, 0, 0};
     }
 
     // Every shard's parked pieces go back to the span free lists, merged with free neighbours;

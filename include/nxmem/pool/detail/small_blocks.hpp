@@ -136,9 +136,10 @@ public:
         }
     }
 
-    // A release checked in full (its mechanism and device checked by the caller); `freed_slab`
-    // says whether a slab became free (so idle memory the retention limit counts grew).
-    result<release_report> release(const allocation<device_type>& live, bool& freed_slab) {
+    // A release checked in full (its mechanism and device checked by the caller);
+    // `on_slab_freed()` runs, no lock held, when a slab became free (idle memory the retention
+    // limit counts grew).
+    template <class OnSlabFreed> result<release_report> release(const allocation<device_type>& live, OnSlabFreed&& on_slab_freed) {
         const std::uint64_t id = live.allocation_id;
         slab* found = slabs_.find(slab_of(id));
         if (found == nullptr) [[unlikely]] {
@@ -169,7 +170,9 @@ public:
             found->free_head = block;
             ++found->free_count;
             if (owner->current[found->class_index] != found) [[unlikely]] {
-                freed_slab = released_outside_current(*owner, *found);
+                if (released_outside_current(*owner, *found)) {
+                    on_slab_freed();
+                }
                 return release_report{release_state::complete, 0, 0};
             }
         } // else its ids are spent: the block is never handed out again (nor its slab given back)

@@ -131,19 +131,21 @@ public:
     }
 
     // A release's claim on the piece `live` names, without the span lock: the piece, now the
-    // caller's (not live), or the refusal (nothing changed).
-    result<span_type*> claim(const allocation<device_type>& live) noexcept {
+    // caller's (not live), when `verdict` says claimed; else nothing changed (refused_claim says why).
+    span_type* claim(const allocation<device_type>& live, span_ticket::verdict& verdict) noexcept {
         span_type* found = spans_.find(span_of(live.allocation_id));
         if (found == nullptr) [[unlikely]] {
-            return refused_as_unknown(live);
+            verdict = span_ticket::verdict::not_live;
+            return nullptr;
         }
-        switch (found->ticket.claim(generation_of(live.allocation_id), device_type::to_wire(live.address), live.size,
-                                    live.alignment)) {
-        case span_ticket::verdict::not_live: return refused_as_unknown(live);
-        case span_ticket::verdict::misdescribed: return refused_release(status_code::invalid_argument, live);
-        case span_ticket::verdict::claimed: break;
-        }
+        verdict = found->ticket.claim(generation_of(live.allocation_id), device_type::to_wire(live.address), live.size,
+                                      live.alignment);
         return found;
+    }
+    [[gnu::cold, gnu::noinline]] static error refused_claim(span_ticket::verdict verdict,
+                                                           const allocation<device_type>& live) noexcept {
+        return verdict == span_ticket::verdict::misdescribed ? refused_release(status_code::invalid_argument, live)
+                                                             : refused_as_unknown(live);
     }
     // Whether a claimed piece may park in a cache (not a pass-through, its ids not spent).
     static bool parkable(const span_type& piece, std::uint32_t generation) noexcept {
