@@ -49,13 +49,6 @@ struct backing_holder<Upstream> {
     std::optional<virtual_backing_of<Upstream>> view;
 };
 
-// A chunk the source handed up: its slot (chunk i of the table) and wire base address.
-struct chunk_grant {
-    std::uint32_t slot = 0;
-    std::uint64_t base = 0;
-    std::uint64_t mechanism_id = 0;
-};
-
 // What the address map says about an address outside the arena.
 struct mapped_region {
     bool segment = false;   // else a chunk

@@ -100,6 +100,14 @@ template <class D> struct alignas(64) span_record {
     span_ticket ticket;      // live or not, its generation and request: read and claimed unlocked
 };
 
+// A chunk a chunk source hands up to the small-block layer: its slot (chunk i of the source's
+// table, so slab i * slabs_per_chunk + k is its k-th) and wire base address.
+struct chunk_grant {
+    std::uint32_t slot = 0;
+    std::uint64_t base = 0;
+    std::uint64_t mechanism_id = 0;
+};
+
 // A thread's share of the pool, guarded by its own lock on its own cache lines.
 struct alignas(64) shard {
     nxmem::detail::spin_lock lock;
