@@ -6,7 +6,8 @@
 namespace nxmem {
 
 struct pool_usage {
-    std::uint64_t held_bytes = 0;           // bytes held from the upstream now (committed, when growing by commit)
+    std::uint64_t held_bytes = 0;           // memory held from the upstream now (committed, when growing by commit;
+                                            // never the reservation's address space: pool_allocator::reserved_bytes)
     std::uint64_t in_use_bytes = 0;         // bytes of live pooled allocations (requested sizes)
     std::uint64_t idle_bytes = 0;           // held but not handed out (cached chunks, free blocks)
     std::uint64_t live_allocations = 0;

@@ -95,26 +95,17 @@ template <class D> struct alignas(64) span_record {
     bool in_arena = false;   // a piece of the arena, not of a segment of its own
     std::uint64_t base = 0;  // wire address
     std::uint64_t bytes = 0; // the piece's, a multiple of the pool's granule
-    std::uint64_t committed_bytes = 0; // of `bytes`; fewer only in the arena (which: arena_granule)
+    std::uint64_t committed_bytes = 0; // of `bytes`; fewer only in the arena (which: the chunk source's granule records)
     allocation<D> segment{}; // the upstream allocation it is part of
     span_ticket ticket;      // live or not, its generation and request: read and claimed unlocked
 };
 
-// One granule of the span arena: whether it is committed, and the piece that starts there (so an
-// address finds its piece in constant time). Changed under the span lock, or by the one thread
-// that holds the piece covering it busy.
-struct arena_granule {
-    std::uint32_t starting_piece = none;
-    bool committed = false;
-};
-
-// A chunk: one upstream allocation (or one committed range of the reservation) of slabs.
-template <class D> struct chunk_record {
-    allocation<D> upstream{};
+// A chunk a chunk source hands up to the small-block layer: its slot (chunk i of the source's
+// table, so slab i * slabs_per_chunk + k is its k-th) and wire base address.
+struct chunk_grant {
+    std::uint32_t slot = 0;
     std::uint64_t base = 0;
-    std::uint32_t free_slabs = 0;
-    std::uint32_t next = none; // in the pool's free chunk list
-    bool in_use = false;
+    std::uint64_t mechanism_id = 0;
 };
 
 // A thread's share of the pool, guarded by its own lock on its own cache lines.

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 
 namespace nxmem::pool_detail {
 
@@ -42,6 +43,21 @@ public:
         if (leaf.load(std::memory_order_relaxed) == nullptr) {
             leaf.store(new T[leaf_size], std::memory_order_release);
         }
+    }
+    // Makes the leaves holding indices [first, end); false when the host has no memory for one
+    // (those made stay).
+    bool make_leaves_for(std::uint64_t first, std::uint64_t end) noexcept {
+        try {
+            for (std::uint64_t at = first; at < end; at += leaf_size) {
+                make_leaf_for(at);
+            }
+            if (end != 0) {
+                make_leaf_for(end - 1);
+            }
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+        return true;
     }
     bool has_leaf_for(std::uint64_t index) const noexcept { return find(index) != nullptr; }
 
