@@ -25,10 +25,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 using namespace nxmem;
 using nxmem::test::load_or_fail;
@@ -427,6 +429,12 @@ TEST_CASE("IP16: a decommit whose hole cannot be punched is reported and keeps i
                                             Catch::Contains("stay committed"));
     CHECK(value_or_fail(target.exporter.query_usage()).mapped_bytes == claimed_bytes);
     CHECK(static_cast<const unsigned char*>(live.address)[page] == 0x77); // still there, readable
+    // What the seal does otherwise (measured for IP5's options): the exporter's existing mapping
+    // still writes, but no new writable shared mapping of the file can be made.
+    static_cast<unsigned char*>(live.address)[page] = 0x78;
+    CHECK(static_cast<const unsigned char*>(live.address)[page] == 0x78);
+    CHECK(::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+    CHECK(errno == EPERM);
     // Exporting it read-write would hand out a descriptor no importer accepts: refused.
     auto exporting = value_or_fail(target.exporter.ipc());
     auto widened = exporting.export_allocation(live, NXMEM_IPC_READ_WRITE);
@@ -509,4 +517,159 @@ TEST_CASE("IP17: a hostile exporter's write-sealed, oversized or flooding handle
     }
     CHECK(exporter.wait() == 0);
     target.check_nothing_imported();
+}
+
+TEST_CASE("IP18: what a peer can make a process import is bounded by count and bytes",
+          "[ipc][hostile]") {
+    // A hostile exporter floods the victim with honest 64 KiB handles and with sparse ones of
+    // 8 TiB each (16 of those mapped about 126 TiB before the limit): the victim's allocators
+    // import up to their limits (max_imports, max_imported_bytes; the default bytes limit is the
+    // machine's physical memory), refuse the rest naming the limit, and their usage shows it.
+    victim target;
+    const NxmemIpcHandle prefix_template = target.genuine_record(NXMEM_IPC_PREFIX);
+    constexpr std::uint64_t sparse_bytes = std::uint64_t{8} << 40;
+    constexpr int honest_count = 8;
+    hostile_peer exporter([&](int socket) {
+        int status = 0;
+        const int fd = sealable_memfd(claimed_bytes);
+        status |= fd < 0 || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0;
+        for (int index = 0; index < honest_count; ++index) {
+            status |= !host::send_handle(socket, forged_with(prefix_template, fd)).has_value();
+        }
+        const int sparse = sealable_memfd(sparse_bytes);
+        status |= sparse < 0 || ::fcntl(sparse, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0;
+        NxmemIpcHandle huge = forged_with(prefix_template, sparse);
+        huge.size = sparse_bytes;
+        std::memcpy(huge.opaque + 24, &huge.size, sizeof huge.size);
+        status |= !host::send_handle(socket, huge).has_value();
+        ::close(fd);
+        ::close(sparse);
+        return status;
+    });
+    std::vector<host::ipc_handle> received;
+    for (int index = 0; index <= honest_count; ++index) {
+        received.push_back(value_or_fail(host::receive_handle(exporter.socket())));
+    }
+    CHECK(exporter.wait() == 0);
+
+    // By count: two imports live at most.
+    {
+        auto counted = open_or_fail<cpu_device>(target.module, "posix-lazy", 0, "max_imports=2");
+        auto importing = value_or_fail(counted.ipc());
+        auto first = value_or_fail(importing.import(received[0]));
+        auto second = value_or_fail(importing.import(received[1]));
+        auto third = importing.import(received[2]);
+        REQUIRE_FALSE(third);
+        CHECK(third.error().code == status_code::busy);
+        CHECK_THAT(third.error().message, Catch::Contains("max_imports=2"));
+        const allocator_usage usage = value_or_fail(counted.query_usage());
+        CHECK(usage.live_imports == 2);
+        CHECK(usage.imported_bytes == 2 * claimed_bytes);
+        REQUIRE(first.close()); // room again: the refused handle was not consumed
+        auto again = value_or_fail(importing.import(received[2]));
+        REQUIRE(again.close());
+        REQUIRE(second.close());
+    }
+    // By bytes: 128 KiB, two of these handles.
+    {
+        auto sized = open_or_fail<cpu_device>(target.module, "posix-lazy", 0,
+                                              "max_imported_bytes=128k");
+        auto importing = value_or_fail(sized.ipc());
+        auto first = value_or_fail(importing.import(received[3]));
+        auto second = value_or_fail(importing.import(received[4]));
+        auto third = importing.import(received[5]);
+        REQUIRE_FALSE(third);
+        CHECK(third.error().code == status_code::busy);
+        CHECK_THAT(third.error().message, Catch::Contains("max_imported_bytes=131072") &&
+                                              Catch::Contains("131072 bytes imported now"));
+        CHECK(value_or_fail(sized.query_usage()).imported_bytes == 2 * claimed_bytes);
+        REQUIRE(first.close());
+        REQUIRE(second.close());
+        CHECK(value_or_fail(sized.query_usage()).imported_bytes == 0);
+    }
+    // A sparse handle larger than the machine: refused by the default limit, by itself.
+    auto huge = target.importing.import(received[honest_count]);
+    REQUIRE_FALSE(huge);
+    CHECK(huge.error().code == status_code::invalid_argument);
+    CHECK_THAT(huge.error().message, Catch::Contains("max_imported_bytes"));
+    target.check_nothing_imported();
+}
+
+namespace {
+
+// What a hostile importer of a read-only allocation handle does to write the exporter's memory:
+// fchmod the file back to 0600, reopen /proc/self/fd/N read-write, map it shared and write; and
+// failing that, mprotect a read-only mapping, or add a seal. `other_uid`: it first becomes uid
+// and gid 65534 (nobody), without capabilities. Exits 0 when it wrote 0xEE at byte 0, 1 when
+// every way was refused, more when it could not even try.
+int write_read_only_export(int socket, bool other_uid) {
+    result<host::ipc_handle> received = host::receive_handle(socket);
+    if (!received) {
+        return 3;
+    }
+    if (other_uid && (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0)) {
+        return 4;
+    }
+    const int fd = received.value().record().fds[0];
+    (void)::fchmod(fd, S_IRUSR | S_IWUSR);
+    const int writable = ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDWR | O_CLOEXEC);
+    if (writable >= 0) {
+        void* mapped = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, writable, 0);
+        if (mapped != MAP_FAILED) {
+            static_cast<volatile unsigned char*>(mapped)[0] = 0xEE;
+            return 0;
+        }
+    }
+    void* reader = ::mmap(nullptr, page, PROT_READ, MAP_SHARED, fd, 0);
+    if (reader == MAP_FAILED) {
+        return 5;
+    }
+    if (::mprotect(reader, page, PROT_READ | PROT_WRITE) == 0 ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0 ||
+        ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) != MAP_FAILED) {
+        return 6;
+    }
+    return 1;
+}
+
+// Exports a filled allocation read-only to a hostile importer (another uid or not) and returns
+// whether the importer's write reached the exporter's memory.
+bool read_only_export_written_by_peer(bool other_uid) {
+    victim target;
+    auto exporting = value_or_fail(target.exporter.ipc());
+    auto backing = value_or_fail(target.exporter.virtual_backing());
+    auto live = value_or_fail(target.exporter.allocate(claimed_bytes, page));
+    REQUIRE(backing.commit(live, {0, claimed_bytes}));
+    std::memset(live.address, 0x11, claimed_bytes);
+    hostile_peer importer([&](int socket) { return write_read_only_export(socket, other_uid); });
+    REQUIRE(host::send_handle(importer.socket(),
+                              value_or_fail(exporting.export_allocation(live, NXMEM_IPC_READ_ONLY)).record()));
+    const int outcome = importer.wait();
+    INFO("the hostile importer answered " << outcome);
+    REQUIRE(outcome <= 1);
+    const bool written = static_cast<const unsigned char*>(live.address)[0] == 0xEE;
+    CHECK(written == (outcome == 0));
+    REQUIRE(target.exporter.release(live));
+    return written;
+}
+
+} // namespace
+
+TEST_CASE("IP5: a read-only export is writable by an importer of the exporter's uid (stated)",
+          "[ipc][hostile]") {
+    // What IP5 states does not hold: the memfd belongs to the exporter's uid, so a peer of that
+    // uid may change its mode back and reopen it writable. Should this ever hold, IP5, HOST.md
+    // "Read-only imports" and this test change together.
+    CHECK(read_only_export_written_by_peer(false));
+}
+
+TEST_CASE("IP5: a read-only export cannot be written by an importer of another uid",
+          "[.other-uid][ipc][hostile]") {
+    // Needs root to run the importer as another uid (Meson test 'ipc read-only against another
+    // uid', which says so and exits 77 without it).
+    if (::geteuid() != 0) {
+        std::fprintf(stderr, "skipped: becoming another uid needs root (CAP_SETUID)\n");
+        std::_Exit(77);
+    }
+    CHECK_FALSE(read_only_export_written_by_peer(true));
 }
