@@ -13,13 +13,15 @@
 //                         range again (+ MADV_HUGEPAGE again with huge_pages=1); should it fail,
 //                         madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
 //   create_shared_prefix  memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING) + ftruncate to whole pages
-//   export (prefix)       seal the memfd's size, hand over a new descriptor of it (read-only:
-//                         reopened O_RDONLY, file mode 0400); a random 16-byte export id in the
-//                         opaque bytes
-//   import (prefix)       the descriptor checked (a memfd, size sealed, the claimed size, the
-//                         handle's access; ../include/nxmem/plugin/memfd_share.hpp), the export id
-//                         never imported by this allocator before, then dup'd as a local prefix
-//                         (reopened O_RDONLY for a read-only import of a read-write handle)
+//   export (prefix)       seal the memfd's size and make its seals final (no peer can add one),
+//                         hand over a new descriptor of it (read-only: reopened O_RDONLY, file
+//                         mode 0400); a random 16-byte export id in the opaque bytes
+//   import (prefix)       the descriptor checked, seals before size (a memfd, size sealed, not
+//                         write-sealed for a read-write import, the claimed size, the handle's
+//                         access; ../include/nxmem/plugin/memfd_share.hpp), the import limits
+//                         (max_imports, max_imported_bytes), the export id never imported by this
+//                         allocator before, then dup'd as a local prefix (reopened O_RDONLY for a
+//                         read-only import of a read-write handle)
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
 //
@@ -30,7 +32,8 @@
 //   commit                mprotect(PROT_READ|PROT_WRITE), as above
 //   decommit              fallocate(FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE) frees the pages
 //                         (MADV_DONTNEED would not: shmem pages belong to the file) +
-//                         mprotect(PROT_NONE)
+//                         mprotect(PROT_NONE); a hole the file refuses is reported, the pages
+//                         still committed and counted
 //   release               munmap + close: the file lives on only in importers' mappings
 //   export (allocation)   as a prefix's: the memfd's size sealed, a new descriptor of it, an
 //                         export id; refused while a shared prefix is mapped over the allocation
