@@ -19,6 +19,15 @@
 //                               before); counter prefix_pss_MiB is the prefix's memory across the
 //                               N processes: the rise of their summed Pss (/proc/PID/smaps_rollup)
 //                               plus the exporter's own copy
+//   read_only_export/mode|seal|copy/SIZE  what making one read-only export of a filled memfd costs
+//                               (docs/ABI.md IP5; the thread's CPU time of the export step only,
+//                               the memfd made and filled outside it): mode, today's: fchmod 0400 + reopen O_RDONLY (holds
+//                               against another uid only); seal: F_SEAL_FUTURE_WRITE (and the
+//                               size seals, final) + reopen O_RDONLY (holds against every peer, but
+//                               freezes the file: no hole can be punched, no new writable mapping);
+//                               copy: a new memfd with a copy of the bytes, sealed F_SEAL_WRITE
+//                               (holds against every peer, a snapshot: the exporter's later writes
+//                               are not seen, and the memory is paid twice)
 // Build and run: ninja -C build/gcc bench/nxmem_ipc_bench && build/gcc/bench/nxmem_ipc_bench
 #include "ratio_summary.hpp"
 
@@ -26,11 +35,15 @@
 
 #include <benchmark/benchmark.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +140,70 @@ void copy(benchmark::State& state, std::uint64_t bytes) {
         std::memcpy(copied.data(), source.data(), bytes);
         benchmark::DoNotOptimize(copied.data());
         benchmark::ClobberMemory();
+    }
+}
+
+// A memfd of `bytes` bytes that takes seals, every page written; throws when the kernel refuses.
+int filled_memfd(std::uint64_t bytes) {
+    const int fd = ::memfd_create("nxmem-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        throw std::runtime_error("memfd_create or ftruncate failed");
+    }
+    void* memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (memory == MAP_FAILED) {
+        throw std::runtime_error("mmap failed");
+    }
+    std::memset(memory, 0x42, bytes);
+    ::munmap(memory, bytes);
+    return fd;
+}
+
+int reopen_read_only(int fd) {
+    return ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_CLOEXEC);
+}
+
+// One read-only export of a filled memfd by `how` (mode, seal, copy): the new descriptor.
+int read_only_export(int fd, std::uint64_t bytes, const std::string& how) {
+    if (how == "mode") {
+        (void)::fchmod(fd, S_IRUSR);
+        return reopen_read_only(fd);
+    }
+    if (how == "seal") {
+        (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+        return reopen_read_only(fd);
+    }
+    const int snapshot = ::memfd_create("nxmem-bench-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    (void)::ftruncate(snapshot, static_cast<off_t>(bytes));
+    void* from = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void* to = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, snapshot, 0);
+    std::memcpy(to, from, bytes);
+    ::munmap(from, bytes);
+    ::munmap(to, bytes);
+    (void)::fcntl(snapshot, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    const int reader = reopen_read_only(snapshot);
+    ::close(snapshot);
+    return reader;
+}
+
+void read_only_export_cost(benchmark::State& state, std::uint64_t bytes, std::string how) {
+    // The time is this thread's CPU time (system calls included): on a busy machine wall time
+    // mostly measures the other processes.
+    const auto thread_seconds = [] {
+        timespec now{};
+        ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+        return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+    };
+    for (auto _ : state) {
+        const int fd = filled_memfd(bytes);
+        const double start = thread_seconds();
+        const int exported = read_only_export(fd, bytes, how);
+        const double end = thread_seconds();
+        if (exported < 0) {
+            state.SkipWithError("the read-only export failed");
+        }
+        state.SetIterationTime(end - start);
+        ::close(exported);
+        ::close(fd);
     }
 }
 
@@ -326,6 +403,23 @@ std::vector<nxmem::bench::ratio_spec> register_benchmarks() {
         ratios.push_back({"lazy_cycle_memfd_vs_private/" + size,
                           "commit + touch + decommit: share=memfd (shmem) against private memory",
                           "lazy_cycle/memfd/" + size, "lazy_cycle/private/" + size});
+    }
+    for (const std::uint64_t bytes : {std::uint64_t{64} << 10, std::uint64_t{16} << 20}) {
+        const std::string size = size_name(bytes);
+        for (const char* how : {"mode", "seal", "copy"}) {
+            benchmark::RegisterBenchmark(("read_only_export/" + std::string(how) + "/" + size).c_str(),
+                                         read_only_export_cost, bytes, std::string(how))
+                ->UseManualTime()
+                // Each iteration makes and fills a memfd untimed: a fixed count keeps the run short.
+                ->Iterations(bytes > (1u << 20) ? 30 : 1000)
+                ->Unit(benchmark::kMicrosecond);
+        }
+        ratios.push_back({"read_only_export_seal_vs_mode/" + size,
+                          "a read-only export sealed F_SEAL_FUTURE_WRITE against today's fchmod + reopen",
+                          "read_only_export/seal/" + size, "read_only_export/mode/" + size});
+        ratios.push_back({"read_only_export_copy_vs_mode/" + size,
+                          "a read-only export as a sealed copy against today's fchmod + reopen",
+                          "read_only_export/copy/" + size, "read_only_export/mode/" + size});
     }
     for (const int processes : {2, 4, 8}) {
         const std::string count = std::to_string(processes);

@@ -13,13 +13,15 @@
 //                         range again (+ MADV_HUGEPAGE again with huge_pages=1); should it fail,
 //                         madvise(MADV_DONTNEED) + mprotect(PROT_NONE)
 //   create_shared_prefix  memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING) + ftruncate to whole pages
-//   export (prefix)       seal the memfd's size, hand over a new descriptor of it (read-only:
-//                         reopened O_RDONLY, file mode 0400); a random 16-byte export id in the
-//                         opaque bytes
-//   import (prefix)       the descriptor checked (a memfd, size sealed, the claimed size, the
-//                         handle's access; ../include/nxmem/plugin/memfd_share.hpp), the export id
-//                         never imported by this allocator before, then dup'd as a local prefix
-//                         (reopened O_RDONLY for a read-only import of a read-write handle)
+//   export (prefix)       seal the memfd's size and make its seals final (no peer can add one),
+//                         hand over a new descriptor of it (read-only: reopened O_RDONLY, file
+//                         mode 0400); a random 16-byte export id in the opaque bytes
+//   import (prefix)       the descriptor checked, seals before size (a memfd, size sealed, not
+//                         write-sealed for a read-write import, the claimed size, the handle's
+//                         access; ../include/nxmem/plugin/memfd_share.hpp), the import limits
+//                         (max_imports, max_imported_bytes), the export id never imported by this
+//                         allocator before, then dup'd as a local prefix (reopened O_RDONLY for a
+//                         read-only import of a read-write handle)
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
 //
@@ -30,7 +32,8 @@
 //   commit                mprotect(PROT_READ|PROT_WRITE), as above
 //   decommit              fallocate(FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE) frees the pages
 //                         (MADV_DONTNEED would not: shmem pages belong to the file) +
-//                         mprotect(PROT_NONE)
+//                         mprotect(PROT_NONE); a hole the file refuses is reported, the pages
+//                         still committed and counted
 //   release               munmap + close: the file lives on only in importers' mappings
 //   export (allocation)   as a prefix's: the memfd's size sealed, a new descriptor of it, an
 //                         export id; refused while a shared prefix is mapped over the allocation
@@ -216,19 +219,28 @@ public:
         std::uint64_t bytes = 0; // of the runs decommitted
         int failed = 0;
         std::uint64_t failed_length = 0;
+        const char* failed_call = nullptr;
         held->committed.for_each_committed(first, pages.second, [&](const page_run& run) {
             const std::uint64_t at = held->address + run.first * page;
             const std::uint64_t length = (run.second - run.first) * page;
             // Private memory: one mmap frees the pages and reserves the range again. A memfd's
-            // pages (or private ones the kernel would not remap) go back first; if the
-            // protection change then fails (the kernel's map count), they stay committed,
-            // zero-filled, and the failure is reported.
+            // pages (or private ones the kernel would not remap) go back first: a hole the file
+            // refuses (a seal against writes) leaves them committed, readable and counted, and
+            // is reported (IP16); if the protection change then fails (the kernel's map count),
+            // they stay committed, zero-filled, and the failure is reported.
             const bool reserved_again = held->fd < 0 && reserve_again(at, length);
             if (!reserved_again) {
-                discard(*held, at, length);
+                if (const int code = discard(*held, at, length); code != 0) {
+                    failed = code;
+                    failed_call = "fallocate(PUNCH_HOLE)";
+                    failed_length = length;
+                    done = run.first;
+                    return false;
+                }
                 if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                PROT_NONE) != 0) {
                     failed = errno;
+                    failed_call = "mprotect(PROT_NONE)";
                     failed_length = length;
                     done = run.first;
                     return false;
@@ -239,12 +251,20 @@ public:
         });
         forget(*held, page_run{first, done}, bytes);
         if (failed != 0) [[unlikely]] {
-            return fail(status_code::internal_error,
-                        std::string(name) + ": mprotect(PROT_NONE) of " + std::to_string(failed_length) +
-                            " bytes failed: " + errno_text(failed) +
-                            "; those pages were emptied but stay committed");
+            return boost::outcome_v2::failure(decommit_failed(failed_call, failed_length, failed));
         }
         return boost::outcome_v2::success();
+    }
+
+    [[gnu::cold, gnu::noinline]] static error decommit_failed(const char* call, std::uint64_t length,
+                                                             int code) {
+        const bool punched = call[0] == 'f';
+        return error{status_code::internal_error,
+                     std::string(name) + ": " + call + " of " + std::to_string(length) +
+                         " bytes failed: " + errno_text(code) +
+                         (punched ? "; those pages were not freed and stay committed (the "
+                                    "allocation's file refuses holes: it is sealed against writes)"
+                                  : "; those pages were emptied but stay committed")};
     }
 
     result<std::uint64_t> mapped_bytes(const plugin::allocation_record& record) {
@@ -291,7 +311,10 @@ public:
         if (mapped == MAP_FAILED) {
             const int code = errno;
             restore_reserved(*held, shared->length);
-            return fail(status_code::out_of_memory,
+            // An imported prefix whose exporter sealed it against writes since (EPERM), or whose
+            // file this process may not map so (EACCES), is no shortage of memory (IP17).
+            const bool refused_by_file = code == EPERM || code == EACCES;
+            return fail(refused_by_file ? status_code::invalid_argument : status_code::out_of_memory,
                         std::string(name) + ": mapping shared prefix " + std::to_string(prefix_id) +
                             " failed: " + errno_text(code));
         }
@@ -321,6 +344,8 @@ public:
         ::close(gone->fd);
         if (!gone->imported) {
             budget_.credit(gone->length); // an import was never charged
+        } else {
+            release_import(gone->length);
         }
     }
 
@@ -360,7 +385,7 @@ public:
         // mapping of the prefix is then made through a descriptor that cannot write.
         result<int> kept = plugin::imported_memfd_descriptor(handle.fds[0], access);
         if (!kept) {
-            forget_import(checked.export_id);
+            forget_import(checked);
             return fail(kept.error().code, std::string(name) + ": " + kept.error().message);
         }
         const int fd = kept.value();
@@ -372,7 +397,7 @@ public:
             prefixes_.insert(prefix_id, std::move(made));
         } catch (...) {
             ::close(fd);
-            forget_import(checked.export_id);
+            forget_import(checked);
             throw;
         }
         return plugin::imported_prefix{prefix_id, checked.length};
@@ -405,7 +430,7 @@ public:
         NXMEM_TRY(checked, check_export(handle, allocation_tag, "allocation"));
         result<std::uint64_t> address = plugin::map_imported_memfd(handle.fds[0], checked.length, access);
         if (!address) {
-            forget_import(checked.export_id);
+            forget_import(checked);
             return fail(address.error().code, std::string(name) + ": " + address.error().message);
         }
         imported_allocation_bytes_.fetch_add(checked.length, std::memory_order_relaxed);
@@ -420,6 +445,7 @@ public:
                             errno_text(code));
         }
         imported_allocation_bytes_.fetch_sub(imported.mapped_bytes, std::memory_order_relaxed);
+        release_import(imported.mapped_bytes);
         return boost::outcome_v2::success();
     }
 
@@ -437,9 +463,46 @@ private:
         bool read_only = false; // mapped PROT_READ
     };
 
-    void forget_import(const std::array<std::uint8_t, 16>& export_id) {
-        std::lock_guard lock(imported_mutex_);
-        imported_ids_.erase(export_id);
+    // Undoes check_export's bookkeeping for an import that failed later.
+    void forget_import(const checked_export& checked) {
+        {
+            std::lock_guard lock(imported_mutex_);
+            imported_ids_.erase(checked.export_id);
+        }
+        release_import(checked.length);
+    }
+
+    // Counts one more import of `length` bytes (whole pages) against max_imports and
+    // max_imported_bytes (IP18): BUSY naming the limit when the imports alive leave no room,
+    // INVALID_ARGUMENT when the handle alone is larger than the byte limit (or imports are off).
+    result<void> reserve_import(std::uint64_t length) {
+        const std::uint64_t most_bytes = settings_.max_imported_bytes;
+        const std::uint64_t most = settings_.max_imports;
+        if (length > most_bytes || most == 0) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a handle of " + std::to_string(length) +
+                            " bytes is refused: this allocator imports at most " +
+                            std::to_string(most) + " objects of at most " +
+                            std::to_string(most_bytes) + " bytes in all (max_imports, max_imported_bytes)");
+        }
+        const std::uint64_t objects = imported_objects_.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t bytes = imported_bytes_.fetch_add(length, std::memory_order_relaxed);
+        if (objects < most && bytes <= most_bytes - length) [[likely]] {
+            return boost::outcome_v2::success();
+        }
+        release_import(length);
+        return fail(status_code::busy,
+                    std::string(name) + ": importing " + std::to_string(length) + " bytes would pass " +
+                        (objects >= most ? "max_imports=" + std::to_string(most) + " (" +
+                                               std::to_string(objects) + " imports alive)"
+                                         : "max_imported_bytes=" + std::to_string(most_bytes) + " (" +
+                                               std::to_string(bytes) + " bytes imported now)") +
+                        "; close imports to make room");
+    }
+
+    void release_import(std::uint64_t length) noexcept {
+        imported_objects_.fetch_sub(1, std::memory_order_relaxed);
+        imported_bytes_.fetch_sub(length, std::memory_order_relaxed);
     }
 
     // Fills the mechanism's part of a handle for the memfd `fd` holding `size` bytes (in whole
@@ -454,7 +517,7 @@ private:
             return fail(status_code::internal_error,
                         std::string(name) + ": getrandom for an export id failed: " + errno_text(code));
         }
-        NXMEM_TRY_VOID(plugin::seal_memfd_size(fd));
+        NXMEM_TRY_VOID(plugin::seal_memfd_for_export(fd, access));
         NXMEM_TRY(descriptor, plugin::memfd_descriptor_for(fd, access));
         handle.fd_count = 1;
         handle.fds[0] = descriptor;
@@ -478,15 +541,32 @@ private:
                             std::to_string(handle.opaque_length));
         }
         std::memcpy(&opaque, handle.opaque, sizeof opaque);
-        NXMEM_TRY(length, round_up(handle.size, page_bytes(), name));
         if (opaque.tag != tag || opaque.size != handle.size) {
             return fail(status_code::invalid_argument,
                         std::string(name) + ": the handle's opaque bytes are not a posix-lazy " +
                             what + " export of " + std::to_string(handle.size) + " bytes");
         }
+        // A size no file can have (2^64 - 1 does not round to pages) is a forged handle, not a
+        // shortage of memory (IP17).
+        const std::uint64_t page = page_bytes();
+        if (handle.size > UINT64_MAX - (page - 1)) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": a handle claiming " + std::to_string(handle.size) +
+                            " bytes is refused: no memfd holds that many");
+        }
+        const std::uint64_t length = (handle.size + page - 1) & ~(page - 1);
         NXMEM_TRY_VOID(plugin::check_imported_memfd(handle.fds[0], length, handle.access, 0));
-        std::lock_guard lock(imported_mutex_);
-        if (!imported_ids_.insert(opaque.export_id).second) {
+        NXMEM_TRY_VOID(reserve_import(length));
+        bool fresh = false;
+        try {
+            std::lock_guard lock(imported_mutex_);
+            fresh = imported_ids_.insert(opaque.export_id).second;
+        } catch (...) {
+            release_import(length);
+            throw;
+        }
+        if (!fresh) {
+            release_import(length);
             return fail(status_code::invalid_argument,
                         std::string(name) + ": this handle was imported here before (a replay)");
         }
@@ -687,7 +767,7 @@ private:
             if (settings_.populate) {
                 if (const int code = populate_for_writing(at, length, populate_supported_);
                     code != 0) {
-                    discard(held, at, length);
+                    (void)discard(held, at, length);
                     (void)::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length),
                                      PROT_NONE);
                     failure = error{status_code::out_of_memory,
@@ -773,22 +853,23 @@ private:
                       MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
     }
 
-    // Frees the pages of [offset, offset + length) of the file `fd`, keeping its size; a failure
-    // leaves them held (the file is freed whole at its last close or unmap).
+    // Frees the pages of [offset, offset + length) of the file `fd`, keeping its size, where a
+    // failure changes nothing that must be reported (the file is freed whole at its last close or
+    // unmap).
     static void punch_hole(int fd, std::uint64_t offset, std::uint64_t length) noexcept {
-        (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
-                          static_cast<off_t>(length));
+        (void)plugin::punch_memfd_hole(fd, offset, length);
     }
 
     // Frees the committed pages at [at, at + length) of an allocation, leaving them mapped:
     // MADV_DONTNEED for private memory, a hole punched in the file for a memfd (whose pages
     // MADV_DONTNEED would only unmap). For every process mapping the file they read as zeros.
-    static void discard(const reservation& held, std::uint64_t at, std::uint64_t length) noexcept {
+    // Returns 0, or the errno of a hole the file refused (the pages are then untouched).
+    static int discard(const reservation& held, std::uint64_t at, std::uint64_t length) noexcept {
         if (held.fd >= 0) {
-            punch_hole(held.fd, at - held.address, length);
-        } else {
-            (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length), MADV_DONTNEED);
+            return plugin::punch_memfd_hole(held.fd, at - held.address, length);
         }
+        (void)::madvise(reinterpret_cast<void*>(at), static_cast<std::size_t>(length), MADV_DONTNEED);
+        return 0;
     }
 
     result<std::uint64_t> make_prefix(std::uint64_t size, std::uint64_t length) {
@@ -818,6 +899,10 @@ private:
     std::atomic<std::uint64_t> reserved_bytes_{0};
     std::atomic<std::uint64_t> mapped_bytes_{0};
     std::atomic<std::uint64_t> imported_allocation_bytes_{0}; // whole pages of open allocation imports
+    // What the import limits count (IP18): allocation imports not closed and imported prefixes not
+    // destroyed, and their whole pages (what usage() reports as imported_bytes).
+    std::atomic<std::uint64_t> imported_objects_{0};
+    std::atomic<std::uint64_t> imported_bytes_{0};
     prefix_table<prefix_file> prefixes_;
     // The export ids this allocator has imported, closed ones included: a handle imports once.
     std::mutex imported_mutex_;

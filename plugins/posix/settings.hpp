@@ -6,10 +6,15 @@
 //   commit=explicit|allocate  posix-lazy: commit by range (default) or the whole allocation at allocate
 //   share=private|memfd    posix-lazy: allocations are private anonymous memory (default), or each
 //                          is a memfd, so it can be exported to another process (ABI.md IP14)
+//   max_imports=N          posix-lazy: at most N imported objects alive (default 1024; ABI.md IP18)
+//   max_imported_bytes=BYTES  posix-lazy: at most this many imported bytes (default: the machine's
+//                          physical memory)
 // The kit refuses any other option, naming it (an eager option given to lazy included).
 #pragma once
 
 #include <nxmem/plugin/options.hpp>
+
+#include <unistd.h>
 
 #include <cstdint>
 #include <optional>
@@ -65,6 +70,20 @@ struct lazy_settings : settings {
     // can hand it to another process. Off by default: a page of shmem costs more to fault in and
     // to give back than an anonymous one (bench/ipc_bench.cpp, docs/HOST.md).
     bool share_memfd = false;
+    // What another process can make this allocator import (ABI.md IP18): imported objects alive
+    // (allocation imports not closed, imported prefixes not destroyed) and their whole pages. By
+    // default 1024 and the machine's physical memory: a peer's sparse handles cannot fill this
+    // process's address space, and more than the machine holds cannot be memory anyway.
+    static constexpr std::uint64_t default_max_imports = 1024;
+    std::uint64_t max_imports = default_max_imports;
+    std::uint64_t max_imported_bytes = physical_memory();
+
+    static std::uint64_t physical_memory() noexcept {
+        const long pages = ::sysconf(_SC_PHYS_PAGES);
+        const long page = ::sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+                                     : UINT64_MAX;
+    }
 
     static result<lazy_settings> take(plugin::options& options, const char* mechanism) {
         lazy_settings taken;
@@ -84,6 +103,10 @@ struct lazy_settings : settings {
                             "' is neither 'private' nor 'memfd'");
         }
         taken.share_memfd = share && *share == "memfd";
+        NXMEM_TRY(max_imports, options.take_bytes("max_imports"));
+        NXMEM_TRY(max_imported_bytes, options.take_bytes("max_imported_bytes"));
+        taken.max_imports = max_imports.value_or(default_max_imports);
+        taken.max_imported_bytes = max_imported_bytes.value_or(physical_memory());
         return taken;
     }
 };

@@ -1,6 +1,7 @@
 // docs/CONFORMANCE.md's rule-to-check table against docs/ABI.md (issue 23, item 6): every numbered
 // rule of the contract names the conformance checks that judge it, or is judged by the host alone
-// with the reason; and every check the table names exists.
+// with the reason, or is owed a check (naming the project's tests that pin it meanwhile); and
+// every check the table names exists.
 #include <nxmem/conform.hpp>
 
 #include <catch2/catch.hpp>
@@ -71,6 +72,11 @@ TEST_CASE("every rule of ABI.md names its checks in CONFORMANCE.md, or why the h
         CHECK(rules.count(rule) == 1); // no row for a rule ABI.md does not have
         if (judged_by.rfind("host alone:", 0) == 0) {
             CHECK(judged_by.size() > std::string("host alone: ").size() + 10); // with the reason
+            continue;
+        }
+        if (judged_by.rfind("owed:", 0) == 0) {
+            // A rule no check judges yet: the row names the project's tests that pin it.
+            CHECK(judged_by.find("test/") != std::string::npos);
             continue;
         }
         std::size_t named = 0;

@@ -63,7 +63,10 @@ TEST_CASE("each mechanism's own option is refused by the other and checked by it
                         refusal{"posix-lazy", "commit=sometimes", "commit"},
                         refusal{"posix-lazy", "commit=", "commit"},
                         refusal{"posix-eager", "share=memfd", "share"},
-                        refusal{"posix-lazy", "share=anonymous", "share"}}) {
+                        refusal{"posix-lazy", "share=anonymous", "share"},
+                        refusal{"posix-eager", "max_imports=4", "max_imports"},
+                        refusal{"posix-lazy", "max_imports=many", "max_imports"},
+                        refusal{"posix-lazy", "max_imported_bytes=1T", "max_imported_bytes"}}) {
         INFO(bad.mechanism << " with options '" << bad.options << "'");
         auto refused = host::open_allocator<cpu_device>(module, bad.mechanism, 0, bad.options);
         REQUIRE_FALSE(refused);
@@ -75,7 +78,8 @@ TEST_CASE("each mechanism's own option is refused by the other and checked by it
                          refusal{"posix-lazy", "commit=explicit", ""},
                          refusal{"posix-lazy", "commit=allocate;huge_pages=1;populate=1", ""},
                          refusal{"posix-lazy", "share=private", ""},
-                         refusal{"posix-lazy", "share=memfd;commit=allocate;huge_pages=1;populate=1", ""}}) {
+                         refusal{"posix-lazy", "share=memfd;commit=allocate;huge_pages=1;populate=1", ""},
+                         refusal{"posix-lazy", "max_imports=0;max_imported_bytes=64G", ""}}) {
         INFO(good.mechanism << " with options '" << good.options << "'");
         CHECK(host::open_allocator<cpu_device>(module, good.mechanism, 0, good.options));
     }
