@@ -261,8 +261,6 @@ inline constexpr std::array rules_by_check{
     check_rules{"exports.present", "X1 X2"},
     check_rules{"factories.capacity", "X4"},
     check_rules{"factories.names", "X5 X7"},
-    check_rules{"oom.clean_run", "X10"},
-    check_rules{"oom.every_allocation", "X10 X11 E11"},
     check_rules{"boundary.status_terminated", "E4"},
     check_rules{"boundary.status_within_size", "E4 E9"},
     check_rules{"unload.idle", "E7 O2"},
