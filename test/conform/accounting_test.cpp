@@ -171,7 +171,7 @@ TEST_CASE("C8: a prefix is costed once in its lifetime, never in an allocation's
     CHECK(module->try_unload());
 }
 
-TEST_CASE("C8a: a prefix costs whole granules and takes the committed granules it covers out of "
+TEST_CASE("C8: the kit's mechanisms cost a prefix in whole granules and take the committed granules it covers out of "
           "the allocation's cost",
           "[conform][accounting][posix]") {
     const auto [variable, mechanism] =
@@ -181,7 +181,7 @@ TEST_CASE("C8a: a prefix costs whole granules and takes the committed granules i
     INFO(mechanism);
     const char* path = std::getenv(variable);
     if (path == nullptr || *path == '\0') {
-        WARN(variable << " is not set: C8a is not checked on " << mechanism);
+        WARN(variable << " is not set: C8 (the granules reading) is not checked on " << mechanism);
         return;
     }
     auto loaded = host::plugin_module::load(path);

@@ -56,6 +56,12 @@ TEST_CASE("each planted slip fails model.sequences, naming the step and the figu
     CHECK_THAT(model.actual, Catch::Contains(slip.blamed));
     CHECK_THAT(model.actual, Catch::Contains("step "));
     CHECK_THAT(model.actual, Catch::Contains("replay: --seed 1 --steps 20000"));
+    // Every figure the failure depends on is named: the steps before it, with their sizes (issue 35).
+    CHECK_THAT(model.actual, Catch::Contains("{the steps before it: step 0 (open_allocator) on cpu:0 -> allocator #"));
+    if (std::string(slip.mechanism) == "private-prefix") {
+        CHECK_THAT(model.actual, Catch::Matches(".*commit_shared_prefix\\) of prefix #[0-9]+ \\([0-9]+ B, granule 4096\\) into "
+                                                "allocation #[0-9]+ of allocator #[0-9]+ \\([0-9]+ B at alignment [0-9]+\\).*"));
+    }
     if (std::string(slip.mechanism) == "double-completion") {
         // Blame (issue 23): a completion inside enqueue_release (D7) is no concurrent drain (D11).
         CHECK_THAT(test::result_of(results, "callbacks.completion_reentry").actual, !Catch::Contains("D11"));

@@ -27,6 +27,7 @@ struct conform_options {
     bool oom = false;
     std::uint64_t model_seed = 1;    // model.sequences (--seed)
     unsigned model_steps = 5000;     // model.sequences (--steps)
+    std::string rules;               // --rules: judge by an older release's rule set
 };
 
 int run_conform(const conform_options& options) {
@@ -60,6 +61,9 @@ int run_conform(const conform_options& options) {
         request.mechanism_options = options.mechanism_options;
         request.model_seed = options.model_seed;
         request.model_steps = options.model_steps;
+        if (!options.rules.empty()) {
+            request.rules = conform::parse_rule_set(options.rules); // already validated
+        }
         runs.push_back(options.oom ? run_oom(request) : run_conformance(request));
     }
 
@@ -97,7 +101,9 @@ subcommand add_conform(CLI::App& parent) {
         "device type it serves (or on --device). A mechanism that crashes is reported as\n"
         "'crashed (signal N) during check ID' with the results it sent before; the other\n"
         "mechanisms are still checked. Every check reads PASS, FAIL (expected, got) or N/A\n"
-        "(why); docs/CONFORMANCE.md lists them with the rule each enforces.\n"
+        "(why), or WARN: a rule that entered after the minor the plugin declares was\n"
+        "published, which does not fail it (docs/ABI.md, \"Contract revisions\");\n"
+        "docs/CONFORMANCE.md lists the checks with the rule each enforces.\n"
         "\n"
         + default_plugins_help() +
         "\n"
@@ -153,6 +159,19 @@ subcommand add_conform(CLI::App& parent) {
                         "About how many operations model.sequences runs per mechanism (default "
                         "5000; 0 skips it)")
         ->type_name("N");
+    conform
+        ->add_option("--rules", options->rules,
+                     "Judge by the rules of an older release: 1.N (its last release), a date "
+                     "YYYY-MM-DD or '1.N (YYYY-MM-DD)'; rules that entered later only warn. Releases: " +
+                         conform::release_names())
+        ->type_name("VERSION")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                return conform::parse_rule_set(text) ? std::string()
+                                                     : "no release " + text + "; releases: " +
+                                                           conform::release_names();
+            },
+            std::string()));
     conform->add_option("--timeout", options->timeout_seconds,
                         "Seconds one mechanism's checks may take before they count as hung "
                         "(default 300)")

@@ -14,6 +14,7 @@ std::string_view label(conform::outcome verdict) {
     case conform::outcome::pass: return "PASS";
     case conform::outcome::fail: return "FAIL";
     case conform::outcome::not_applicable: return "N/A ";
+    case conform::outcome::warn: return "WARN";
     }
     return "????";
 }
@@ -21,7 +22,10 @@ std::string_view label(conform::outcome verdict) {
 std::string counts(const mechanism_run& mechanism) {
     return std::to_string(mechanism.count(conform::outcome::pass)) + " passed, " +
            std::to_string(mechanism.count(conform::outcome::fail)) + " failed, " +
-           std::to_string(mechanism.count(conform::outcome::not_applicable)) + " not applicable";
+           std::to_string(mechanism.count(conform::outcome::not_applicable)) + " not applicable" +
+           (mechanism.count(conform::outcome::warn) == 0
+                ? std::string()
+                : ", " + std::to_string(mechanism.count(conform::outcome::warn)) + " warned (not failing)");
 }
 
 // Text safe inside an XML attribute or element: the five entities escaped, and control characters
@@ -77,8 +81,9 @@ void print_conform_text(std::ostream& out, const std::vector<plugin_run>& runs) 
                 const conform::check_result& result = check.result;
                 out << "    " << label(result.verdict) << "  " << result.id
                     << std::string(width - result.id.size() + 2, ' ') << result.title;
-                if (result.failed()) {
-                    out << " (expected " << result.expected << ", got " << result.actual << ')';
+                if (result.failed() || result.warned()) {
+                    out << " (expected " << result.expected << ", got " << result.actual
+                        << (result.rule.empty() ? std::string() : "; rule " + result.rule) << ')';
                 } else if (result.skipped()) {
                     out << " (" << result.actual << ')';
                 }
@@ -123,6 +128,7 @@ nlohmann::ordered_json conform_to_json(const std::vector<plugin_run>& runs) {
             entry["passed"] = mechanism.count(conform::outcome::pass);
             entry["failed"] = mechanism.count(conform::outcome::fail);
             entry["not_applicable"] = mechanism.count(conform::outcome::not_applicable);
+            entry["warned"] = mechanism.count(conform::outcome::warn);
             nlohmann::ordered_json checks = nlohmann::ordered_json::array();
             for (const conform_check& check : mechanism.checks) {
                 nlohmann::ordered_json item;
@@ -130,9 +136,10 @@ nlohmann::ordered_json conform_to_json(const std::vector<plugin_run>& runs) {
                 item["title"] = check.result.title;
                 item["rule"] = check.rule;
                 item["outcome"] = conform::outcome_name(check.result.verdict);
-                if (check.result.failed()) {
+                if (check.result.failed() || check.result.warned()) {
                     item["expected"] = check.result.expected;
                     item["actual"] = check.result.actual;
+                    item["rules"] = check.result.rule; // the rule ids contradicted, space-separated
                 } else if (check.result.skipped()) {
                     item["reason"] = check.result.actual;
                 }
@@ -200,6 +207,10 @@ void write_conform_junit(std::ostream& out, const std::vector<plugin_run>& runs)
                     out << "      <failure message=\"" << xml_escape(failure_text(result))
                         << "\" type=\"" << xml_escape(check.rule) << "\">"
                         << xml_escape(result.title + ": " + failure_text(result)) << "</failure>\n";
+                } else if (result.warned()) {
+                    // A warning does not fail: the case passes and says why in its output.
+                    out << "      <system-out>" << xml_escape("WARN (rule " + result.rule + "): " + failure_text(result))
+                        << "</system-out>\n";
                 } else {
                     out << "      <skipped message=\"" << xml_escape(result.actual) << "\"/>\n";
                 }

@@ -130,12 +130,14 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
                       {"title", result.title},
                       {"outcome", conform::outcome_name(result.verdict)},
                       {"expected", result.expected},
-                      {"actual", result.actual}});
+                      {"actual", result.actual},
+                      {"rules", result.rule}});
             };
             conform::suite_options options;
             options.mechanism_options = request.mechanism_options;
             options.model_seed = request.model_seed;
             options.model_steps = request.model_steps;
+            options.rules.as_of = request.rules;
             (void)conform::run_mechanism_checks(request.path, name, device, options, hooks);
         },
         request.timeout_seconds);
@@ -152,8 +154,10 @@ mechanism_run run_mechanism(const conform_request& request, const std::string& n
             const std::string verdict = event.value("outcome", "");
             check.result.verdict = verdict == "pass"   ? conform::outcome::pass
                                    : verdict == "fail" ? conform::outcome::fail
+                                   : verdict == "warn" ? conform::outcome::warn
                                                        : conform::outcome::not_applicable;
             check.result.expected = event.value("expected", "");
+            check.result.rule = event.value("rules", "");
             check.result.actual = event.value("actual", "");
             if (const conform::check_definition* definition = conform::find_check(check.result.id)) {
                 check.rule = std::string(definition->rule);

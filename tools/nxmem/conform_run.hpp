@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/rules.hpp>
 #include <nxmem/device.hpp>
 
 #include <cstdint>
@@ -46,6 +47,7 @@ struct conform_request {
     std::string mechanism_options;        // key=value open options for every mechanism (--options)
     std::uint64_t model_seed = 1;         // model.sequences (--seed)
     unsigned model_steps = 5000;          // model.sequences (--steps)
+    std::optional<conform::contract_release> rules; // judge by this release's rules (--rules)
 };
 
 struct listed_mechanism {

@@ -110,8 +110,8 @@ struct check_capability_virtual_backing {
     }
 };
 
-// capability.shared_mapping: prefix references counted; the prefix costed once (ABI.md C8a: its
-// size in whole commit granules), freed with the last reference.
+// capability.shared_mapping: prefix references counted; the prefix costed once (ABI.md C8: its
+// size, counted by its bytes or by the whole commit granules it holds), freed with the last reference.
 struct check_capability_shared_mapping {
     template <Device D> static finding run(const subject& target, const suite_options&) {
         constexpr std::uint64_t unit = detail::range_unit;
@@ -153,9 +153,11 @@ struct check_capability_shared_mapping {
             }
             newly_mapped += commit.value().newly_mapped_bytes;
         }
-        if (problem.empty() && newly_mapped != cost) {
-            expected = "the prefix costed once: " + std::to_string(cost) + " newly mapped bytes";
-            problem = std::to_string(newly_mapped);
+        if (problem.empty() && newly_mapped != cost && newly_mapped != 2 * unit) {
+            expected = "the prefix of " + std::to_string(2 * unit) + " B costed once (C8): " +
+                       std::to_string(2 * unit) + " newly mapped bytes counted by its bytes, or " +
+                       std::to_string(cost) + " in whole granules of " + std::to_string(granule);
+            problem = std::to_string(newly_mapped) + " newly mapped bytes over its three mappings";
         }
         auto counts_are = [&](std::uint64_t prefixes, std::uint64_t views, const char* when) {
             result<host::plugin_counts> now = opened.plugin_counts();
@@ -216,8 +218,12 @@ struct check_capability_deferred_release {
             tickets.push_back(ticket);
         }
         NXMEM_CONFORM_TRY(queued, "the plugin reports its readiness", opened.plugin_counts());
-        if (queued.queued_releases != before.queued_releases + tickets.size()) {
-            return failed("the plugin reports " + std::to_string(tickets.size()) + " queued releases",
+        // A plugin may retire a ticket inside enqueue_release (D7): the host hears of it at the next
+        // drain, and the plugin no longer counts it as queued.
+        if (queued.queued_releases < before.queued_releases ||
+            queued.queued_releases > before.queued_releases + tickets.size()) {
+            return failed("the plugin reports at most " + std::to_string(tickets.size()) +
+                              " queued releases (fewer when it retired some inside enqueue_release, D7)",
                           queued.describe());
         }
         std::vector<std::uint64_t> retired;

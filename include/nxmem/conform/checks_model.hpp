@@ -15,6 +15,7 @@
 #include <rapidcheck/state.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -48,16 +49,19 @@ public:
 inline constexpr int longest_sequence = 200; // RapidCheck's maxSize: sequences grow to this length
 
 // Runs sequences of up to longest_sequence operations until about `steps` have run; the finding on
-// failure.
-inline finding check_sequences(const subject& target, std::uint64_t seed, unsigned steps) {
+// failure (blaming the rules its text names), or a warning naming each rule not in force for the
+// plugin that it contradicted (`rules`).
+inline finding check_sequences(const subject& target, std::uint64_t seed, unsigned steps,
+                               const rule_set& rules = {}) {
     std::uint64_t steps_run = 0;
+    std::map<std::string, std::string> warnings; // rule -> the first contradiction of it
     bool failed_once = false; // from then on RapidCheck is shrinking: every sequence must run
     const rc::detail::Property property = rc::detail::toProperty([&] {
         if (steps_run >= steps && !failed_once) {
             return; // the budget is spent: the remaining cases pass without running
         }
         try {
-            model_driver driver(target, steps_run);
+            model_driver driver(target, steps_run, rules, &warnings);
             rc::state::check(generation_state{}, driver, [](const generation_state&) {
                 return rc::gen::map(generate_operation(), [](const operation& step) {
                     return std::shared_ptr<const rc::state::Command<generation_state, model_driver>>(
@@ -92,7 +96,11 @@ inline finding check_sequences(const subject& target, std::uint64_t seed, unsign
         if (const std::size_t cut = text.find("\n"); cut != std::string::npos && cut + 1 == text.size()) {
             text.erase(cut);
         }
-        return failed("every figure the plugin reports agrees with the reference model and the "
+        std::string blamed;
+        for (const std::string& id : rule_set::rule_ids_in(text.substr(0, text.find(" {the steps before it")))) {
+            blamed += (blamed.empty() ? "" : " ") + id;
+        }
+        return failed_rule(blamed, "every figure the plugin reports agrees with the reference model and the "
                       "operating system after every step",
                       text + " [seed " + std::to_string(seed) + ", sequence " +
                           std::to_string(failure.numSuccess + 1) + "; shrunk to: " + sequence.str() +
@@ -107,6 +115,15 @@ inline finding check_sequences(const subject& target, std::uint64_t seed, unsign
     if (outcome.match(error)) {
         return failed("the model check runs its sequences", "error: " + error.description);
     }
+    if (!warnings.empty()) {
+        finding warned{outcome::warn, "every figure the plugin reports agrees with the reference model", {}, {}};
+        for (const auto& [rule, text] : warnings) {
+            warned.rule += (warned.rule.empty() ? "" : " ") + rule;
+            warned.actual += (warned.actual.empty() ? "" : " | ") + text + " [not failing: " +
+                             rules.not_in_force(rule).value_or("a rule not in force") + "]";
+        }
+        return warned;
+    }
     return passed();
 }
 
@@ -118,7 +135,7 @@ struct check_model_sequences {
         if (options.model_steps == 0) {
             return not_applicable("--steps 0: no sequence was asked for");
         }
-        return model::check_sequences(target, options.model_seed, options.model_steps);
+        return model::check_sequences(target, options.model_seed, options.model_steps, options.rules);
     }
 };
 

@@ -302,7 +302,7 @@ struct check_tables_flags_within_minor {
             const NxmemCapabilities above =
                 raw.allocator.copy.capabilities & ~abi::capabilities_at_minor(raw.negotiated_minor);
             if (above != 0) {
-                return failed(expected, "host range " + host_range.describe() + " negotiated minor " +
+                return failed_rule("C7", expected, "host range " + host_range.describe() + " negotiated minor " +
                                             std::to_string(raw.negotiated_minor) +
                                             ", but the allocator table sets flags 0x" +
                                             nxmem::detail::to_hex(above) + " of later minors");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/rules.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/device.hpp>
 #include <nxmem/host.hpp>
@@ -44,6 +45,9 @@ struct suite_options {
     unsigned reentry_wait_ms = 5000;   // how long a call re-entering the plugin may take (callbacks.*)
     std::uint64_t model_seed = 1;      // model.sequences: RapidCheck's seed (`nxmem conform --seed`)
     unsigned model_steps = 5000;       // model.sequences: about this many operations (`--steps`)
+    // The rules the plugin is judged by (`--rules` sets as_of; run_mechanism_checks fills in the
+    // minor the plugin declares when it is not given).
+    rule_set rules;
 };
 
 // A loaded module and, when the mechanism opened, an allocator of it on the subject's device.

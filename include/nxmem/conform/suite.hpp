@@ -18,6 +18,8 @@
 #include <nxmem/conform/checks_model.hpp>
 #include <nxmem/conform/checks_tables.hpp>
 #include <nxmem/conform/checks_unload.hpp>
+#include <nxmem/conform/detail/raw_library.hpp>
+#include <nxmem/conform/rules.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -181,6 +183,37 @@ struct suite_hooks {
     std::function<void(std::string_view)> on_step; // each step a check announces (step.hpp)
 };
 
+// The newest minor the plugin declares (its own range, as NxmemNegotiate states it to a host of
+// every minor this header knows); nullopt when it does not negotiate.
+inline std::optional<std::uint32_t> declared_minor(const std::filesystem::path& path) {
+    result<detail::raw_library> library = detail::raw_library::open(path);
+    if (!library || library.value().negotiate() == nullptr) {
+        return std::nullopt;
+    }
+    const detail::negotiation_reply reply = detail::negotiate(
+        library.value().negotiate(), abi::version_range{NXMEM_ABI_MAJOR, NXMEM_ABI_MINOR_BASELINE, NXMEM_ABI_MINOR});
+    if (reply.code != NXMEM_STATUS_OK || reply.response.plugin_range.major != NXMEM_ABI_MAJOR) {
+        return std::nullopt;
+    }
+    return reply.response.plugin_range.max_minor;
+}
+
+// A failure of rules not in force for the plugin becomes a warning (docs/ABI.md, "Contract
+// revisions"): the rules the finding names, else the check's own (rules.hpp, rules_by_check).
+inline check_result judge_by_rules(check_result judged, const rule_set& rules) {
+    if (!judged.failed()) {
+        return judged;
+    }
+    if (judged.rule.empty()) {
+        judged.rule = std::string(rules_of_check(judged.id));
+    }
+    if (std::optional<std::string> why = rules.none_in_force(judged.rule)) {
+        judged.verdict = outcome::warn;
+        judged.actual += " [not failing: " + *why + "]";
+    }
+    return judged;
+}
+
 // Runs one check's body, turning an escaped exception into a failure.
 inline check_result run_check(const check_definition& check, const subject& target,
                               const suite_options& options) {
@@ -249,8 +282,12 @@ inline std::optional<std::string> device_not_served(const std::filesystem::path&
 inline std::vector<check_result> run_mechanism_checks(const std::filesystem::path& path,
                                                       std::string_view mechanism,
                                                       std::optional<device_id> device = std::nullopt,
-                                                      const suite_options& options = {},
+                                                      const suite_options& given_options = {},
                                                       const suite_hooks& hooks = {}) {
+    suite_options options = given_options;
+    if (!options.rules.declared_minor) {
+        options.rules.declared_minor = declared_minor(path);
+    }
     const subject target{path, std::string(mechanism),
                          device ? *device : default_device(path, mechanism), options.mechanism_options};
     std::vector<check_result> results;
@@ -287,7 +324,7 @@ inline std::vector<check_result> run_mechanism_checks(const std::filesystem::pat
         }
         check_result outcome_of_check =
             blocked ? name_finding(check.id, check.title, not_applicable(*blocked))
-                    : run_check(check, target, options);
+                    : judge_by_rules(run_check(check, target, options), options.rules);
         if (outcome_of_check.failed()) {
             const std::string see = " (see " + std::string(check.id) + ")";
             if (outcome_of_check.expected == detail::factory_opens && !refused_open) {

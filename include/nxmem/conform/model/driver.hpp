@@ -17,6 +17,7 @@
 #include <nxmem/conform/model/os_truth.hpp>
 #include <nxmem/conform/model/reference.hpp>
 #include <nxmem/conform/model/wire_sizes.hpp>
+#include <nxmem/conform/rules.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/page_size.hpp>
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <map>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -57,9 +59,12 @@ public:
     static constexpr std::size_t max_prefixes = 6;     // per allocator
     static constexpr unsigned drain_attempts = 64;
 
-    model_driver(const subject& target, std::uint64_t& steps_run)
-        : target_(target), steps_run_(steps_run), cpu_(target.device.type == NXMEM_DEVICE_CPU),
-          page_(nxmem::detail::system_page_bytes()) {
+    // Rules not in force for the plugin (rules.hpp) are warned of, once each, in `warnings`, and the
+    // sequence goes on where the model can follow what the plugin did.
+    model_driver(const subject& target, std::uint64_t& steps_run, const rule_set& rules = {},
+                 std::map<std::string, std::string>* warnings = nullptr)
+        : target_(target), steps_run_(steps_run), rules_(rules), warnings_(warnings),
+          cpu_(target.device.type == NXMEM_DEVICE_CPU), page_(nxmem::detail::system_page_bytes()) {
         step_ = "setup (load the plugin, create its factories)";
         result<detail::raw_library> library = detail::raw_library::open(target.path);
         if (!library) {
@@ -92,6 +97,7 @@ public:
         step_ = "step 0 (open_allocator)";
         open_allocator(operation{});
         compare_everything();
+        history_.push_back(step_);
     }
 
     model_driver(const model_driver&) = delete;
@@ -151,6 +157,7 @@ public:
         case step_kind::query: query(step); break;
         }
         compare_everything();
+        history_.push_back(step_);
     }
 
     // The last step: everything given back; the plugin must then hold nothing, and the process
@@ -219,7 +226,24 @@ private:
         return std::to_string(live.described.size) + " B at alignment " +
                std::to_string(live.described.alignment);
     }
-    void fail(const std::string& text) const { contradiction(step_, text); }
+    // A contradiction names the steps before it with every figure they used (sizes, offsets, units,
+    // prefixes), so a shrunk sequence can be read without replaying it.
+    void fail(const std::string& text) const {
+        std::string before;
+        for (const std::string& done : history_) {
+            before += (before.empty() ? "" : "; ") + done;
+        }
+        contradiction(step_, text + (before.empty() ? std::string() : " {the steps before it: " + before + "}"));
+    }
+    // A contradiction of `rule`: a failure when the rule is in force for the plugin, else a warning
+    // (once per rule) and false, so the caller follows what the plugin did and the sequence goes on.
+    bool fail_unless_warned(const char* rule, const std::string& text) {
+        if (rules_.enforced(rule) || warnings_ == nullptr) {
+            fail(text);
+        }
+        warnings_->emplace(rule, step_ + ": " + text);
+        return false;
+    }
     void expect_code(NxmemStatusCode code, const NxmemStatus& status, NxmemStatusCode wanted,
                      const std::string& call) const {
         if (code != wanted) {
@@ -248,6 +272,36 @@ private:
     }
     std::uint64_t unit_of(const allocator_state& allocator) const {
         return std::max(page_, allocator.granularity);
+    }
+    // The committed units of a virtual-backing allocation, as ranges: "[0, 8192) [16384, 20480) of unit 4096".
+    static std::string committed_text(const allocation_state& live) {
+        std::string text;
+        for (std::size_t index = 0; index < live.committed.size();) {
+            if (!live.committed[index]) {
+                ++index;
+                continue;
+            }
+            std::size_t end = index;
+            while (end < live.committed.size() && live.committed[end]) {
+                ++end;
+            }
+            const std::uint64_t from = index * live.unit;
+            text += (text.empty() ? "" : " ") + range_text(from, live.unit_end(end - 1) - from);
+            index = end;
+        }
+        return (text.empty() ? std::string("none") : text) + " of unit " + std::to_string(live.unit);
+    }
+    // Where the granules of the prefix mapped over an allocation's start end (0: none mapped).
+    std::uint64_t prefix_extent(const allocator_state& allocator, const allocation_state& live) const {
+        return live.prefix ? round_up(live.prefix_bytes, unit_of(allocator)) : 0;
+    }
+    std::string prefix_text(const allocator_state& allocator, const allocation_state& live) const {
+        if (!live.prefix) {
+            return {};
+        }
+        return ", prefix #" + std::to_string(*live.prefix) + " of " + std::to_string(live.prefix_bytes) +
+               " B mapped over its start, its granules " +
+               range_text(0, prefix_extent(allocator, live)) + " at granule " + std::to_string(unit_of(allocator));
     }
 
     // The wire size a step uses for one of its structs: `pick` 0 is this header's size; others
@@ -354,6 +408,13 @@ private:
                     table.value().table.release(opened);
                 }
             }
+            if (code != wanted && !refused_form(form) && step.misuse % 5 == 1) {
+                // Q16 entered after the first contract: a plugin of an older minor is warned, and
+                // the sequence goes on (what it opened was released above).
+                (void)fail_unless_warned("Q16", call + " with " + misuse + " answered " + code_text(code, status) +
+                                                    "; the contract says WRONG_DEVICE");
+                return;
+            }
             expect_code(code, status, wanted, call + (misuse.empty() ? "" : " with " + misuse));
             return;
         }
@@ -381,9 +442,15 @@ private:
                  std::to_string(device.type) + ":" + std::to_string(device.index) + " (M6)");
         }
         if (no_callbacks && allocator.offers(NXMEM_CAP_DEFERRED_RELEASE)) {
-            allocator.table.release(opened);
-            fail("opened with no host callbacks, the allocator table declares NXMEM_CAP_DEFERRED_RELEASE, "
-                 "whose retirements nobody could hear of (D10)");
+            const std::string text = "opened with no host callbacks, the allocator table declares "
+                                     "NXMEM_CAP_DEFERRED_RELEASE, whose retirements nobody could hear of (D10)";
+            if (rules_.enforced("D10") || warnings_ == nullptr) {
+                allocator.table.release(opened);
+            }
+            (void)fail_unless_warned("D10", text);
+            // A host that offered no release_completed never enqueues: neither does the model.
+            allocator.table.enqueue_release = nullptr;
+            allocator.table.drain_releases = nullptr;
         }
         const std::uint32_t level = table.value().effective_minor;
         allocator.granularity = page_;
@@ -730,9 +797,13 @@ private:
             wanted = NXMEM_STATUS_INVALID_ARGUMENT;
         }
         const std::string call = commit ? "commit" : "decommit";
+        // The granules a mapped prefix covers are the prefix's (C8).
+        const std::uint64_t prefix_end = prefix_extent(*allocator, *picked);
+        const bool over_prefix = wanted == NXMEM_STATUS_OK && request.range.offset < prefix_end;
         step_ += " " + range_text(request.range.offset, request.range.length) + " of " +
-                 name(*allocator, *picked) + " (" + describe(*picked) + ", unit " + std::to_string(unit) + ")" +
-                 (misuse.empty() ? "" : ", " + misuse) + (form ? ", " + form_text<NxmemRangeRequest>(form) : "");
+                 name(*allocator, *picked) + " (" + describe(*picked) + ", unit " + std::to_string(unit) +
+                 prefix_text(*allocator, *picked) + ")" + (misuse.empty() ? "" : ", " + misuse) +
+                 (form ? ", " + form_text<NxmemRangeRequest>(form) : "");
         auto wire = wire_struct<NxmemRangeRequest>::request(request, form.value_or(normal<NxmemRangeRequest>()));
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = commit ? allocator->backing.commit(allocator->self, wire.get(), &status)
@@ -744,9 +815,17 @@ private:
         if (cannot_now(*allocator, code)) {
             return;
         }
+        if (code == NXMEM_STATUS_INVALID_ARGUMENT && over_prefix) {
+            return; // C8, reading "refuses": a range over a mapped prefix is refused, nothing changed
+        }
         if (code != NXMEM_STATUS_OK) {
-            fail(call + " of a legal range inside the allocation answered " + code_text(code, status) +
-                 " (G3, G5: a mechanism accepts every legal range)");
+            const std::string text =
+                call + " of a legal range inside the allocation answered " + code_text(code, status) +
+                " (G5: a range of whole units, or ending at the allocation's end, inside the allocation" +
+                (picked->prefix ? " and clear of its mapped prefix" : "") +
+                ", is accepted; only a range over a mapped prefix may be refused, C8)";
+            (void)fail_unless_warned("G5", text);
+            return; // warned: a refusal changes nothing (G3)
         }
         for (std::uint64_t index = first; index < first + count; ++index) {
             picked->committed[index] = commit;
@@ -754,8 +833,9 @@ private:
         if (!cpu_) {
             return;
         }
-        const std::uint64_t shared_end = picked->prefix ? round_up(picked->prefix_bytes, page_) : 0;
-        const std::uint64_t begin = std::max(request.range.offset, shared_end);
+        // The prefix's granules are the prefix's whatever the mechanism did with them (C8: left
+        // alone, or on decommit emptied): the OS checks start past them.
+        const std::uint64_t begin = std::max(request.range.offset, prefix_end);
         const std::uint64_t end = request.range.offset + request.range.length;
         if (commit) {
             for (std::uint64_t at = begin; at < end; at += page_) {
@@ -771,8 +851,11 @@ private:
                 resident_pages(picked->described.address + first_page, last_page - first_page);
             if (resident && *resident != 0) {
                 fail("decommit answered OK, but " + std::to_string(*resident) + " of the " +
-                     std::to_string((last_page - first_page) / page_) +
-                     " pages it covers are still resident (mincore): the memory was not returned");
+                     std::to_string((last_page - first_page) / page_) + " pages of " +
+                     range_text(first_page, last_page - first_page) + " (page " + std::to_string(page_) +
+                     (prefix_end != 0 ? ", past the mapped prefix's granules ending at " + std::to_string(prefix_end)
+                                      : std::string()) +
+                     ") are still resident (mincore): the memory was not returned (G3)");
             }
         }
     }
@@ -955,7 +1038,8 @@ private:
             refusal_any = false;
         }
         step_ += " of prefix #" + std::to_string(prefix->serial) + " (" + std::to_string(prefix->handle.size) +
-                 " B) into " + name(*allocator, *picked) + " (" + describe(*picked) + ")" +
+                 " B, granule " + std::to_string(unit_of(*allocator)) + ") into " + name(*allocator, *picked) +
+                 " (" + describe(*picked) + ")" +
                  (misuse.empty() ? "" : ", " + misuse) +
                  (request_form ? ", " + form_text<NxmemSharedPrefixCommitRequest>(request_form) : "") +
                  (output_form ? ", " + form_text<NxmemSharedPrefixCommitInfo>(output_form) : "");
@@ -985,22 +1069,32 @@ private:
             fail("commit_shared_prefix answered " + code_text(code, status));
         }
         const NxmemSharedPrefixCommitInfo info = out.value();
-        // C8a: a prefix costs its size in whole commit granules (the page without virtual backing).
-        const std::uint64_t first_cost =
-            prefix->ever_mapped ? 0 : round_up(prefix->handle.size, std::max(page_, allocator->granularity));
+        // C8: a prefix's first mapping costs its size, counted by its bytes or by the whole commit
+        // granules it holds (the page without virtual backing); every later one costs 0.
+        const std::uint64_t granule = unit_of(*allocator);
+        const std::uint64_t by_granules = round_up(prefix->handle.size, granule);
+        const bool first_mapping = !prefix->ever_mapped;
         ++prefix->sharers;
         prefix->ever_mapped = true;
         picked->prefix = prefix->serial;
         picked->prefix_bytes = prefix->handle.size;
         if (info.shared_bytes != prefix->handle.size) {
             fail("NxmemSharedPrefixCommitInfo.shared_bytes is " + std::to_string(info.shared_bytes) +
-                 "; the prefix's handle says " + std::to_string(prefix->handle.size));
+                 "; C8 says the prefix's size, its handle's size: " + std::to_string(prefix->handle.size) +
+                 " B (not rounded: the granule is " + std::to_string(granule) + " B, whole granules " +
+                 std::to_string(by_granules) + " B)");
         }
-        if (info.newly_mapped_bytes != first_cost) {
+        if (first_mapping && info.newly_mapped_bytes != prefix->handle.size && info.newly_mapped_bytes != by_granules) {
             fail("NxmemSharedPrefixCommitInfo.newly_mapped_bytes is " + std::to_string(info.newly_mapped_bytes) +
-                 "; the model says " + std::to_string(first_cost) +
-                 (first_cost == 0 ? " (the prefix was mapped before: it is costed once in its lifetime, C8)"
-                                  : " (its first mapping)"));
+                 " for the first mapping of prefix #" + std::to_string(prefix->serial) + " (" +
+                 std::to_string(prefix->handle.size) + " B, granule " + std::to_string(granule) +
+                 "); C8 permits its size counted by its bytes, " + std::to_string(prefix->handle.size) +
+                 ", or by the whole granules it holds, " + std::to_string(by_granules));
+        }
+        if (!first_mapping && info.newly_mapped_bytes != 0) {
+            fail("NxmemSharedPrefixCommitInfo.newly_mapped_bytes is " + std::to_string(info.newly_mapped_bytes) +
+                 " for prefix #" + std::to_string(prefix->serial) + " (" + std::to_string(prefix->handle.size) +
+                 " B), mapped before: C8 says 0, a prefix is costed once in its lifetime");
         }
         if (info.sharers != prefix->sharers) {
             fail("NxmemSharedPrefixCommitInfo.sharers is " + std::to_string(info.sharers) + "; the model counts " +
@@ -1272,9 +1366,10 @@ private:
                     }
                     const figure cost = live.cost(page_);
                     if (!cost.admits(mapped)) {
-                        fail("mapped_bytes of " + name(allocator, live) + " is " + std::to_string(mapped) +
-                             "; the model says " + cost.describe() + " (its committed units" +
-                             (live.prefix ? ", the prefix mapped over its start excluded" : "") + ")");
+                        fail("mapped_bytes of " + name(allocator, live) + " (" + describe(live) + ") is " +
+                             std::to_string(mapped) + "; the model says " + cost.describe() + " (its committed units " +
+                             committed_text(live) + prefix_text(allocator, live) +
+                             (live.prefix ? "; units under the prefix may count or not, C8" : "") + ", Q17)");
                     }
                 }
                 if (cpu_) {
@@ -1286,7 +1381,7 @@ private:
 
     // The bytes the model wrote into an allocation are still there.
     void check_signature(const allocator_state& allocator, const allocation_state& live) const {
-        const std::uint64_t shared_end = live.prefix ? round_up(live.prefix_bytes, page_) : 0;
+        const std::uint64_t shared_end = prefix_extent(allocator, live);
         auto expect = [&](std::uint64_t offset) {
             if (offset < shared_end) {
                 return;
@@ -1319,6 +1414,9 @@ private:
 
     const subject& target_;
     std::uint64_t& steps_run_;
+    rule_set rules_;
+    std::map<std::string, std::string>* warnings_;
+    std::vector<std::string> history_; // each step run so far, as described
     bool cpu_;
     std::uint64_t page_;
     // Declared first: destroyed last, after the factories (and the allocators, released above).
