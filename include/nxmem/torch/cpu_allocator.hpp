@@ -18,8 +18,8 @@
 // requires context == data. The deleter finds the allocation from its address alone:
 // * an upstream that releases by address (`release_by_address(void*)`, nxmem's pool) is asked to;
 // * any other (a plugin_allocator used directly) has its allocations kept in the adapter's table
-//   by address (nxmem::detail::sharded_table: no heap node per allocation, and a release takes its
-//   entry out without allocating).
+//   by address (nxmem::detail::sharded_table: no heap node per allocation; taking an entry out
+//   never fails for want of memory).
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
