@@ -48,8 +48,9 @@ void pin_this_library() {
 }
 
 // NXMEM_TORCH_PLUGIN=path [NXMEM_TORCH_MECHANISM=posix-eager] [NXMEM_TORCH_OPTIONS=...]
-// [NXMEM_TORCH_POOLED=1]: install when the library is loaded. A failure keeps PyTorch's allocator
-// and says why on stderr (an exception cannot leave a library's constructor).
+// [NXMEM_TORCH_POOLED=1|0, or true/false, yes/no, on/off]: install when the library is loaded. A
+// failure, a value of NXMEM_TORCH_POOLED it cannot read included, keeps PyTorch's allocator and
+// says why on stderr (an exception cannot leave a library's constructor).
 [[gnu::constructor]] void install_from_environment() {
     pin_this_library();
     const char* plugin = std::getenv("NXMEM_TORCH_PLUGIN");
@@ -62,7 +63,7 @@ void pin_this_library() {
     try {
         installation::install(plugin, mechanism != nullptr ? mechanism : "posix-eager",
                               options != nullptr ? options : "",
-                              pooled == nullptr || std::string(pooled) != "0");
+                              installation::pooled_from_environment(pooled));
     } catch (const c10::Error& failure) {
         std::fprintf(stderr, "nxmem_torch: NXMEM_TORCH_PLUGIN=%s not installed, PyTorch's allocator kept: %s\n",
                      plugin, failure.what_without_backtrace());

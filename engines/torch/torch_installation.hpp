@@ -12,6 +12,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -103,6 +104,9 @@ public:
                                         const std::string& options, bool pooled) {
         state& process = state::get();
         std::lock_guard lock(process.lock);
+        // Refused before anything is loaded or opened: nothing to undo.
+        TORCH_CHECK(pytorch::cpu_allocators_left() > 0, "nxmem: cannot install ", plugin, " '", mechanism,
+                    "': ", pytorch::cpu_allocator_limit_reached());
         auto module = host::plugin_module::load(plugin);
         if (!module) {
             detail::refuse("cannot load " + plugin, module.error());
@@ -116,6 +120,32 @@ public:
         process.current = made;
         process.all.push_back(made);
         return *made;
+    }
+
+    // NXMEM_TORCH_POOLED's value: unset or empty is pooled (the default); 1, true, yes, on mean
+    // pooled and 0, false, no, off direct, in any case. Anything else throws c10::Error naming the
+    // variable and the value: a typo must not silently pick a mode.
+    static bool pooled_from_environment(const char* value) {
+        if (value == nullptr || *value == '\0') {
+            return true;
+        }
+        std::string lowered(value);
+        for (char& each : lowered) {
+            each = static_cast<char>(std::tolower(static_cast<unsigned char>(each)));
+        }
+        for (const char* yes : {"1", "true", "yes", "on"}) {
+            if (lowered == yes) {
+                return true;
+            }
+        }
+        for (const char* no : {"0", "false", "no", "off"}) {
+            if (lowered == no) {
+                return false;
+            }
+        }
+        TORCH_CHECK(false, "NXMEM_TORCH_POOLED=", value, " is neither true (1, true, yes, on) nor false ",
+                    "(0, false, no, off), in any case; unset or empty means pooled");
+        return true; // not reached
     }
 
     // Puts PyTorch's own allocator back. Tensors made by an nxmem allocator keep its deleter.

@@ -42,6 +42,8 @@ void read_table(std::span<const std::uint8_t> bytes, std::uint32_t negotiated, s
     NXMEM_FUZZ_CHECK(read.struct_size == size);
     NXMEM_FUZZ_CHECK(size >= abi::table_header_bytes && size <= NXMEM_MAX_STRUCT_SIZE);
     NXMEM_FUZZ_CHECK(size >= abi::bytes_required<T>(read.declared_minor));
+    // R13: never a level below the table's introduction, at which its slots would read as absent.
+    NXMEM_FUZZ_CHECK(read.declared_minor >= abi::introduced_minor<T>() && negotiated >= abi::introduced_minor<T>());
     NXMEM_FUZZ_CHECK(read.effective_minor ==
                      std::min({read.declared_minor, negotiated, abi::known_minor<T>()}));
     NXMEM_FUZZ_CHECK(read.table.abi_minor == read.effective_minor);

@@ -340,6 +340,33 @@ TEST_CASE("S2: a capability table with a required slot NULL is refused", "[rules
     }
 }
 
+TEST_CASE("R13: an ipc table declaring a minor below 3, which introduced it, is refused at open",
+          "[rules][R13]") {
+    // Its slots would read as NULL at that level; the first ipc call jumped to address 0.
+    SECTION("declaring minor 0") {
+        require_refused_open("ipc-declaring-minor-0",
+                             "NxmemIpcVtable: declares minor 0, below minor 3, which introduced it");
+    }
+    SECTION("declaring minor 2") {
+        require_refused_open("ipc-declaring-minor-2",
+                             "NxmemIpcVtable: declares minor 2, below minor 3, which introduced it");
+    }
+    SECTION("the same table declaring minor 3 is accepted, and its slots are called") {
+        const std::string path = probe_path();
+        auto module = load_or_fail(path);
+        {
+            auto opened = open_or_fail<cpu_device>(module, "ipc-declaring-minor-3");
+            auto sharing = value_or_fail(opened.ipc());
+            auto memory = value_or_fail(opened.allocate(4096, 64));
+            auto exported = sharing.export_allocation(memory, NXMEM_IPC_READ_WRITE);
+            REQUIRE_FALSE(exported);
+            CHECK_THAT(exported.error().message, Catch::Contains("never called")); // the slot ran
+            REQUIRE(opened.release(memory));
+        }
+        require_unloads(module, path);
+    }
+}
+
 TEST_CASE("M6: an allocator table naming another mechanism or device is refused", "[rules][misuse]") {
     SECTION("another mechanism") {
         require_refused_open("foreign-id-table", "the table names mechanism 99, its factory is mechanism 20");

@@ -325,6 +325,49 @@ struct null_mapping_slot_mechanism : altered_mechanism<null_mapping_slot_mechani
     }
 };
 
+// R13: an ipc table (introduced at minor 3) that fills its three minor-3 slots but declares a
+// minor below 3, behind an allocator table declaring minor 3 with NXMEM_CAP_IPC (issue 31: it was
+// accepted, read as "ipc 1.0" with every slot NULL, and the first ipc call jumped to address 0).
+NxmemStatusCode never_called_export(NxmemAllocatorVtable*, const NxmemExportRequest*, NxmemIpcHandle*,
+                                    NxmemStatus* status) {
+    return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, "never called");
+}
+NxmemStatusCode never_called_import(NxmemAllocatorVtable*, const NxmemImportRequest*, NxmemImport*,
+                                    NxmemStatus* status) {
+    return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, "never called");
+}
+NxmemStatusCode never_called_close(NxmemAllocatorVtable*, const NxmemImport*, NxmemStatus* status) {
+    return nxmem::abi::write_status(status, NXMEM_STATUS_INTERNAL_ERROR, "never called");
+}
+template <std::uint32_t Declared> constexpr NxmemIpcVtable ipc_declaring = [] {
+    NxmemIpcVtable table{};
+    table.struct_size = sizeof(NxmemIpcVtable); // covers minor 3: only the level is wrong
+    table.abi_minor = Declared;
+    table.type_tag = NXMEM_TYPE_TAG_IPC;
+    table.export_handle = &never_called_export;
+    table.import_handle = &never_called_import;
+    table.close_import = &never_called_close;
+    return table;
+}();
+template <class Self, std::uint64_t Id, std::uint32_t Declared>
+struct ipc_below_introduction_mechanism : altered_mechanism<Self, Id> {
+    static void alter(NxmemAllocatorVtable& table) {
+        table.struct_size = static_cast<std::uint32_t>(nxmem::abi::bytes_required<NxmemAllocatorVtable>(3));
+        table.abi_minor = 3;
+        table.capabilities |= NXMEM_CAP_IPC;
+        table.ipc = &ipc_declaring<Declared>;
+    }
+};
+struct ipc_minor_0_mechanism : ipc_below_introduction_mechanism<ipc_minor_0_mechanism, 31, 0> {
+    static constexpr const char* name = "ipc-declaring-minor-0";
+};
+struct ipc_minor_2_mechanism : ipc_below_introduction_mechanism<ipc_minor_2_mechanism, 32, 2> {
+    static constexpr const char* name = "ipc-declaring-minor-2";
+};
+struct ipc_minor_3_mechanism : ipc_below_introduction_mechanism<ipc_minor_3_mechanism, 33, 3> {
+    static constexpr const char* name = "ipc-declaring-minor-3"; // the control: accepted
+};
+
 // E3: the returned code is authoritative over NxmemStatus::code, both ways.
 struct ok_with_error_status_mechanism : altered_mechanism<ok_with_error_status_mechanism, 24> {
     static constexpr const char* name = "ok-with-error-status";
@@ -438,7 +481,7 @@ using exports = nxmem::plugin::plugin_exports<
     foreign_id_mechanism, foreign_device_mechanism, null_backing_slot_mechanism,
     null_mapping_slot_mechanism, ok_with_error_status_mechanism, error_with_ok_status_mechanism,
     null_address_mechanism, misaligned_mechanism, short_result_mechanism, failing_enqueue_mechanism,
-    release_only_mechanism>;
+    release_only_mechanism, ipc_minor_0_mechanism, ipc_minor_2_mechanism, ipc_minor_3_mechanism>;
 
 void note_call_before_negotiate() {
     if (counters.negotiate_calls.load() == 0) {

@@ -1,11 +1,15 @@
 // The host's checks of an allocator table after read_prefix, on tables built here: required
-// slots, capability flags against their slots, and locating the release slot of a refused table.
+// slots, capability flags against their slots, and locating the release slot of a refused table;
+// for every kind of table, that none is accepted with a required slot read as NULL (R13, S9).
 #include <nxmem/abi/request.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <cstring>
+#include <string>
+#include <tuple>
 #include <vector>
 
 using nxmem::status_code;
@@ -244,4 +248,105 @@ TEST_CASE("a refused table's release slot is located only within its own struct_
     std::vector<unsigned char> bytes(sizeof table + 8);
     std::memcpy(bytes.data() + 1, &table, sizeof table); // misaligned
     CHECK(checks::locate_release_slot(bytes.data() + 1) == nullptr);
+}
+
+namespace {
+
+// A table of kind T declaring `declared`, as large as this header's T, with every slot and
+// capability table pointer non-NULL (the attack of issue 31: an ipc table filling its three
+// minor-3 slots and declaring minor 0). read_prefix and the checks never call a slot.
+template <class T> T every_slot_filled(std::uint32_t declared) {
+    T table{};
+    table.struct_size = sizeof(T);
+    table.abi_minor = declared;
+    table.type_tag = nxabi::struct_traits<T>::type_tag;
+    static int some_target = 0;
+    void* filled = &some_target;
+    for (const nxabi::field_info& field : nxabi::struct_traits<T>::fields) {
+        if (field.role == nxabi::field_role::required_slot || field.role == nxabi::field_role::optional_slot ||
+            field.role == nxabi::field_role::capability_table) {
+            std::memcpy(reinterpret_cast<unsigned char*>(&table) + field.offset, &filled, sizeof filled);
+        }
+    }
+    return table;
+}
+
+// Reads `table` at `negotiated` as the host reads a capability table: read_prefix, then the
+// required slots. Returns the copy when both accept it.
+template <class T>
+nxmem::result<nxabi::table_copy<T>> read_as_host(const T& table, std::uint32_t negotiated) {
+    NXMEM_TRY(copy, nxabi::read_prefix<T>(&table, negotiated));
+    NXMEM_TRY_VOID(checks::check_required_slots(copy));
+    return copy;
+}
+
+// R13 for one kind: a table is accepted exactly when it declares, and is read at, a level at or
+// above the one that introduced its kind; and no accepted table reads a required slot as NULL.
+template <class T> std::size_t check_introduction_rule() {
+    constexpr std::uint32_t introduced = nxabi::introduced_minor<T>();
+    constexpr std::uint32_t known = nxabi::known_minor<T>();
+    const std::string name(nxabi::struct_traits<T>::name);
+    for (std::uint32_t declared = 0; declared <= known + 1; ++declared) {
+        for (std::uint32_t negotiated = 0; negotiated <= NXMEM_ABI_MINOR + 1; ++negotiated) {
+            INFO(name << " declaring minor " << declared << ", read at negotiated minor " << negotiated);
+            const T table = every_slot_filled<T>(declared);
+            auto read = read_as_host(table, negotiated);
+            if (declared < introduced || negotiated < introduced) {
+                REQUIRE_FALSE(read);
+                CHECK(read.error().code == status_code::contract_violation);
+                CHECK_THAT(read.error().message,
+                           Catch::Contains(name) &&
+                               Catch::Contains("below minor " + std::to_string(introduced) + ", which introduced it"));
+                continue;
+            }
+            REQUIRE(read);
+            for (const nxabi::field_info& field : nxabi::struct_traits<T>::fields) {
+                if (field.role == nxabi::field_role::required_slot) {
+                    INFO("required slot " << field.name);
+                    CHECK(checks::slot_is_set(read.value().table, field));
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+template <class... Structs> std::size_t check_every_table_kind(std::tuple<Structs...>*) {
+    std::size_t kinds = 0;
+    ((kinds += [] {
+         if constexpr (nxabi::growable_table<Structs>) {
+             return check_introduction_rule<Structs>();
+         } else {
+             return std::size_t{0};
+         }
+     }()),
+     ...);
+    return kinds;
+}
+
+NxmemStatusCode stub_export(NxmemAllocatorVtable*, const NxmemExportRequest*, NxmemIpcHandle*, NxmemStatus*) {
+    return 0;
+}
+
+} // namespace
+
+TEST_CASE("R13: a table declaring, or read at, a minor below the one that introduced its kind is "
+          "refused; no accepted table of any kind reads a required slot as NULL",
+          "[table-checks][R13]") {
+    // Every growable table of the header, found from the layout table (a kind added later is
+    // checked without being listed here): the allocator, factory, virtual-backing, shared-mapping
+    // and ipc tables the host reads, and the host callback table the plugin kit reads.
+    STATIC_REQUIRE(nxabi::introduced_minor<NxmemIpcVtable>() == 3);
+    STATIC_REQUIRE(nxabi::introduced_minor<NxmemHostCallbacks>() == 0);
+    const std::size_t kinds = check_every_table_kind(static_cast<nxabi::all_structs*>(nullptr));
+    CHECK(kinds == 6);
+}
+
+TEST_CASE("S9: a call finds every slot it uses non-NULL before making it", "[table-checks][S9]") {
+    auto ipc = nxabi::make_struct<NxmemIpcVtable>();
+    CHECK(checks::slots_present(ipc)); // no slot used: nothing to find NULL
+    CHECK_FALSE(checks::slots_present(ipc, &NxmemIpcVtable::export_handle));
+    ipc.export_handle = &stub_export;
+    CHECK(checks::slots_present(ipc, &NxmemIpcVtable::export_handle));
+    CHECK_FALSE(checks::slots_present(ipc, &NxmemIpcVtable::export_handle, &NxmemIpcVtable::close_import));
 }

@@ -29,27 +29,46 @@ def check(condition, what):
         failures.append(what)
 
 
-def run_model(steps=3):
-    """A small transformer encoder: a forward pass, then SGD steps. Returns (output, losses, weights)."""
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0)
-    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-    data = torch.randn(8, 2, 32)
-    target = torch.randn(8, 2, 32)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    with torch.no_grad():
-        output = model(data)
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(data), target)
-        loss.backward()
-        optimizer.step()
-        losses.append(struct.pack("f", loss.item()))
+def train(model, data, target, steps, lr):
+    """A forward pass without gradients, then SGD steps (MSE loss), all under the profiler.
+    Returns (output, losses, weights, held tensors, operator names the profiler saw)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    with torch.autograd.profiler.profile() as profile:
+        with torch.no_grad():
+            output = model(data)
+        losses = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(data), target)
+            loss.backward()
+            optimizer.step()
+            losses.append(struct.pack("f", loss.item()))
     held = [output, data, target] + [p for p in model.parameters()] + \
            [p.grad for p in model.parameters()] + \
            [s["momentum_buffer"] for s in optimizer.state.values()]
-    return output, losses, [p.detach().clone() for p in model.parameters()], held
+    operators = {event.key for event in profile.key_averages()}
+    return output, losses, [p.detach().clone() for p in model.parameters()], held, operators
+
+
+def run_model(steps=3):
+    """A small transformer encoder (see train)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    return train(model, torch.randn(8, 2, 32), torch.randn(8, 2, 32), steps, lr=1e-3)
+
+
+def run_convolution(steps=3):
+    """A small convolutional network at batch 4 (see train), with PyTorch's defaults: oneDNN
+    (mkldnn) on, so its convolutions allocate through c10's raw_allocate/raw_deallocate. The last
+    element of the result is whether the convolutions ran on oneDNN."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, stride=2), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 7 * 7, 10))
+    outcome = train(model, torch.randn(4, 3, 16, 16), torch.randn(4, 10), steps, lr=1e-2)
+    return outcome[:4] + ("aten::mkldnn_convolution" in outcome[4],)
 
 
 def same_bits(a, b):
@@ -64,6 +83,16 @@ def same_outcome(x, y):
 
 def main():
     reference = run_model()  # PyTorch's own allocator
+    # PyTorch's defaults, not turned off for reproducibility: oneDNN's convolution is what direct
+    # mode used to abort on (raw_allocate's context == data assertion). Compared bit for bit: one
+    # PyTorch thread and one OpenBLAS thread fix every reduction's order, and the reference is run
+    # twice on PyTorch's own allocator to show the comparison is reproducible here at all.
+    check(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled,
+          "oneDNN is available and on (PyTorch's default)")
+    convolution_reference = run_convolution()
+    check(convolution_reference[4], "the convolutions ran on oneDNN (aten::mkldnn_convolution)")
+    check(same_outcome(run_convolution(), convolution_reference),
+          "the convolutional network is bitwise reproducible on PyTorch's allocator")
     before = torch.ones(1000)
     torch.ops.load_library(MODULE)
     nxmem = torch.ops.nxmem
@@ -98,7 +127,12 @@ def main():
             live = nxmem.usage()["pool_live_allocations" if pooled else "plugin_live_allocations"]
             check(live == len(storages), f"{name}: {live} live allocations for {len(storages)} live storages")
             check(same_outcome(outcome, reference), f"{name}: output, losses and weights bitwise identical")
-            del outcome, held
+            convolution = run_convolution()
+            check(convolution[4], f"{name}: the convolutions ran on oneDNN")
+            check(all(nxmem.owns(t) for t in convolution[3]), f"{name}: every tensor of the convolutions is the plugin's")
+            check(same_outcome(convolution, convolution_reference),
+                  f"{name}: oneDNN convolutions at batch 4: output, losses and weights bitwise identical")
+            del outcome, held, convolution
             nxmem.trim()
             usage = nxmem.usage()
             # The pool over posix-lazy keeps one reservation (address space, nothing mapped).
@@ -129,6 +163,17 @@ def main():
     child = subprocess.run([sys.executable, "-c", unmodified], capture_output=True, text=True,
                            env=dict(env, NXMEM_TORCH_LIBRARY=MODULE, PYTHONPATH=SITECUSTOMIZE_DIR))
     check(child.returncode == 0, f"an unmodified script runs on the plugin: {child.stdout}{child.stderr}")
+    # NXMEM_TORCH_POOLED reads the usual spellings of false and true, in any case, and refuses
+    # anything else naming the variable and the value (it used to read only "0").
+    for value, pooled in [("false", 0), ("Off", 0)]:
+        child = subprocess.run([sys.executable, __file__, MODULE, PLUGIN, f"environment-pooled-{pooled}"],
+                               env=dict(env, NXMEM_TORCH_POOLED=value), capture_output=True, text=True)
+        check(child.returncode == 0, f"NXMEM_TORCH_POOLED={value} installs pooled={pooled}: {child.stdout}{child.stderr}")
+    child = subprocess.run([sys.executable, __file__, MODULE, PLUGIN, "environment-refused"],
+                           env=dict(env, NXMEM_TORCH_POOLED="maybe"), capture_output=True, text=True)
+    check(child.returncode == 0 and "not installed, PyTorch's allocator kept: NXMEM_TORCH_POOLED=maybe is neither"
+          in child.stderr, f"NXMEM_TORCH_POOLED=maybe is refused, naming the variable and the value: "
+          f"{child.stdout}{child.stderr}")
     env["NXMEM_TORCH_PLUGIN"] = "/nonexistent/plugin.so"
     child = subprocess.run([sys.executable, __file__, MODULE, PLUGIN, "environment-refused"], env=env,
                            capture_output=True, text=True)
@@ -142,12 +187,15 @@ def main():
               f"exit with live tensors (pooled={pooled}): rc {child.returncode} {child.stderr}")
 
 
-def environment():
+def environment(pooled=1):
     torch.ops.load_library(MODULE)
     usage = torch.ops.nxmem.usage()
     x = torch.ones(100)
-    check(usage["installed"] == 1 and usage["pooled"] == 1 and torch.ops.nxmem.owns(x),
-          "NXMEM_TORCH_PLUGIN installs at load_library")
+    check(usage["installed"] == 1 and usage["pooled"] == pooled and torch.ops.nxmem.owns(x),
+          f"NXMEM_TORCH_PLUGIN installs at load_library, pooled={pooled}: {dict(usage)}")
+    if not pooled:
+        convolution = run_convolution(steps=1)  # direct mode under oneDNN, from the environment
+        check(convolution[4] and torch.ops.nxmem.owns(convolution[0]), "direct mode runs oneDNN's convolutions")
 
 
 def environment_refused():
@@ -172,6 +220,8 @@ if MODE == "main":
     main()
 elif MODE == "environment":
     environment()
+elif MODE.startswith("environment-pooled-"):
+    environment(int(MODE[-1]))
 elif MODE == "environment-refused":
     environment_refused()
 elif MODE.startswith("exit-"):

@@ -1,6 +1,7 @@
 // read_prefix<T>: the only way to read a table the other side handed over. It reads at most
-// struct_size bytes, refuses a sender that contradicts itself, and clamps the level to what both
-// sides agreed, writing the clamped level only into the local copy.
+// struct_size bytes, refuses a sender that contradicts itself (or declares a level its kind did not
+// exist at), and clamps the level to what both sides agreed, writing the clamped level only into
+// the local copy.
 #pragma once
 
 #include <nxmem/abi/layout.hpp>
@@ -60,6 +61,21 @@ result<table_copy<T>> read_prefix(const void* untrusted, std::uint32_t negotiate
         return fail(status_code::contract_violation,
                     std::string(what) + ": wrong type tag 0x" + nxmem::detail::to_hex(type_tag) + " (expected 0x" +
                         nxmem::detail::to_hex(traits::type_tag) + ")");
+    }
+    // A table declaring a level below the one that introduced its kind (an ipc table declaring
+    // minor 0), or read at a level below it, would have every slot read as absent although the
+    // allocator points to it: the host would call NULL (rule R13). Refused, like a short table.
+    constexpr std::uint32_t introduced = introduced_minor<T>();
+    if (copy.declared_minor < introduced) {
+        return fail(status_code::contract_violation,
+                    std::string(what) + ": declares minor " + std::to_string(copy.declared_minor) +
+                        ", below minor " + std::to_string(introduced) +
+                        ", which introduced it (its slots would read as absent)");
+    }
+    if (negotiated_minor < introduced) {
+        return fail(status_code::contract_violation,
+                    std::string(what) + ": read at negotiated minor " + std::to_string(negotiated_minor) +
+                        ", below minor " + std::to_string(introduced) + ", which introduced it");
     }
     const std::size_t claimed = bytes_required<T>(copy.declared_minor);
     if (copy.struct_size < claimed) {

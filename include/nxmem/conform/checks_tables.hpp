@@ -1,7 +1,7 @@
 // Tables: the allocator table a mechanism hands out (and the factory and capability tables behind
 // it), read byte by byte within their own struct_size, before and independently of the host's
-// read_prefix: type tags, struct_size against the declared level, capability flags against slots,
-// required slots, identity.
+// read_prefix: type tags, struct_size against the declared level (and the level against the minor
+// that introduced the table), capability flags against slots, required slots, identity.
 #pragma once
 
 #include <nxmem/abi/layout.hpp>
@@ -67,6 +67,10 @@ template <class T> struct raw_table {
             return name + ": struct_size " + std::to_string(struct_size) + " exceeds " +
                    std::to_string(NXMEM_MAX_STRUCT_SIZE);
         }
+        if (declared_minor < abi::introduced_minor<T>()) { // rule R13: its slots would read as absent
+            return name + ": declares minor " + std::to_string(declared_minor) + ", below minor " +
+                   std::to_string(abi::introduced_minor<T>()) + ", which introduced it";
+        }
         const std::size_t needed = abi::bytes_required<T>(declared_minor);
         if (struct_size < needed) {
             return name + ": struct_size " + std::to_string(struct_size) + " but minor " +
@@ -78,7 +82,8 @@ template <class T> struct raw_table {
     // "" when every required slot up to the checked level is non-NULL, else the first missing.
     std::string missing_slot() const {
         for (const abi::field_info& field : abi::struct_traits<T>::fields) {
-            if (field.role == abi::field_role::required_slot && field.since <= checked_minor() &&
+            if (field.role == abi::field_role::required_slot &&
+                field.since <= std::max(checked_minor(), abi::introduced_minor<T>()) &&
                 (!covers(field.offset + field.size) || !host::detail::slot_is_set(copy, field))) {
                 return std::string(abi::struct_traits<T>::name) + "::" + std::string(field.name) +
                        " is NULL";
@@ -155,8 +160,8 @@ public:
     // A capability table the allocator points to, if its struct_size covers the pointer.
     template <class T> std::optional<raw_table<T>> capability_table(std::string_view field_name) const {
         const abi::field_info* field = abi::find_field<NxmemAllocatorVtable>(field_name);
-        if (!allocator.covers(field->offset + field->size)) {
-            return std::nullopt;
+        if (!allocator.covers(field->offset + field->size) || field->since > allocator.checked_minor()) {
+            return std::nullopt; // not part of the table at its declared level
         }
         const void* pointer = nullptr;
         std::memcpy(&pointer, reinterpret_cast<const unsigned char*>(&allocator.copy) + field->offset,
@@ -213,6 +218,11 @@ struct check_tables_type_tags {
                 problem = detail::tag_problem(*sm);
             }
         }
+        if (problem.empty()) {
+            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
+                problem = detail::tag_problem(*ipc);
+            }
+        }
         if (!problem.empty()) {
             return failed("each table carries its own type tag at offset 8", problem);
         }
@@ -236,6 +246,11 @@ struct check_tables_struct_size {
         if (problem.empty()) {
             if (auto sm = opened->capability_table<NxmemSharedMappingVtable>("shared_mapping")) {
                 problem = sm->size_problem();
+            }
+        }
+        if (problem.empty()) {
+            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
+                problem = ipc->size_problem();
             }
         }
         if (!problem.empty()) {
@@ -328,6 +343,11 @@ struct check_tables_required_slots {
         if (problem.empty()) {
             if (auto sm = opened->capability_table<NxmemSharedMappingVtable>("shared_mapping")) {
                 problem = sm->missing_slot();
+            }
+        }
+        if (problem.empty()) {
+            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
+                problem = ipc->missing_slot();
             }
         }
         if (!problem.empty()) {

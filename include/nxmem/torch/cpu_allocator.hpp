@@ -12,17 +12,18 @@
 // deleters lives in whatever shared object instantiated this header: that object must stay mapped
 // too (engines/torch pins itself with RTLD_NODELETE; an executable is mapped until exit anyway).
 //
-// Two ways a DataPtr finds its allocation again, chosen at compile time:
-// * the upstream releases by address (`release_by_address(void*)`, nxmem's pool): the context is
-//   the data pointer itself, the deleter a function bound to the adapter's slot, and raw_deleter()
-//   returns it, so c10's raw_allocate/raw_deallocate work (c10 requires context == data for them);
-// * otherwise (a plugin_allocator used directly) the context is a record holding the whole
-//   allocation value, taken from the adapter's free list (no heap allocation once the list has
-//   grown to the number of live tensors); raw_deleter() is null, as c10 requires when the deleter
-//   needs more than the data pointer (c10's raw_allocate then refuses with an assertion).
+// Every DataPtr's context is its data pointer, and its deleter a function bound to the adapter's
+// slot (at most cpu_allocator_limit adapters per process), so raw_deleter() is that deleter and
+// c10's raw_allocate/raw_deallocate work: oneDNN, on by default, allocates through them and
+// requires context == data. The deleter finds the allocation from its address alone:
+// * an upstream that releases by address (`release_by_address(void*)`, nxmem's pool) is asked to;
+// * any other (a plugin_allocator used directly) has its allocations kept in the adapter's table
+//   by address (nxmem::detail::sharded_table: no heap node per allocation; taking an entry out
+//   never fails for want of memory).
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
+#include <nxmem/detail/sharded_table.hpp>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -34,10 +35,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace nxmem::pytorch {
 
@@ -68,6 +69,16 @@ inline constexpr std::size_t address_slot_count = 16;
 inline std::array<std::atomic<const address_releaser*>, address_slot_count> address_slots{};
 inline std::atomic<std::size_t> address_slots_claimed{0};
 
+// Claims the next slot; address_slot_count when every slot is taken (the count never passes it,
+// so a refused claim takes nothing).
+inline std::size_t claim_address_slot() noexcept {
+    std::size_t claimed = address_slots_claimed.load(std::memory_order_relaxed);
+    while (claimed < address_slot_count &&
+           !address_slots_claimed.compare_exchange_weak(claimed, claimed + 1, std::memory_order_relaxed)) {
+    }
+    return claimed;
+}
+
 template <std::size_t Slot> void release_in_slot(void* data) {
     if (data == nullptr) {
         return; // size 0: nothing was allocated
@@ -85,15 +96,36 @@ inline constexpr std::array<c10::DeleterFnPtr, address_slot_count> slot_deleters
 
 } // namespace detail
 
+// How many cpu_allocator adapters one process can have, of every upstream type together: each
+// deleter is a plain function bound to its adapter's slot, and adapters live until the process
+// exits (installing the same allocator again reuses nothing).
+inline constexpr std::size_t cpu_allocator_limit = detail::address_slot_count;
+
+// Adapters that can still be created in this process.
+inline std::size_t cpu_allocators_left() noexcept {
+    return cpu_allocator_limit - detail::address_slots_claimed.load(std::memory_order_relaxed);
+}
+
+// Why one more adapter cannot be made, for the error that refuses it.
+inline std::string cpu_allocator_limit_reached() {
+    return "this process already has " + std::to_string(cpu_allocator_limit) +
+           " nxmem PyTorch allocators (nxmem::pytorch::cpu_allocator), the most it can have: each "
+           "install makes one that lives until the process exits, and uninstall gives none back; "
+           "install once and keep it (docs/TORCH.md, \"How many allocators a process can have\")";
+}
+
 template <DeviceAllocator A>
     requires std::same_as<typename A::device_type, cpu_device>
 class cpu_allocator final : public c10::Allocator, detail::address_releaser {
 public:
     // Creates an immortal adapter over `upstream` (see the lifetime rule above). Throws c10::Error
-    // when the process already has address_slot_count adapters that release by address.
+    // when the process already has cpu_allocator_limit adapters.
     static cpu_allocator& create(std::shared_ptr<A> upstream) {
         TORCH_CHECK(upstream != nullptr, "nxmem::pytorch::cpu_allocator needs an upstream allocator");
-        return *new cpu_allocator(std::move(upstream)); // never deleted, by design
+        const std::size_t slot = detail::claim_address_slot();
+        TORCH_CHECK(slot < cpu_allocator_limit, "nxmem: cannot make another PyTorch allocator: ",
+                    cpu_allocator_limit_reached());
+        return *new cpu_allocator(std::move(upstream), slot); // never deleted, by design
     }
 
     cpu_allocator(const cpu_allocator&) = delete;
@@ -112,42 +144,29 @@ public:
                              " bytes: ", granted.error().describe());
         }
         void* data = granted.value().address;
-        if constexpr (releases_by_address<A>) {
-            return {data, data, deleter(), c10::Device(c10::DeviceType::CPU)};
-        } else {
-            record* held = take_record();
-            if (held == nullptr) [[unlikely]] {
+        if constexpr (!releases_by_address<A>) {
+            try {
+                by_address_.insert(key_of(data), granted.value());
+            } catch (const std::bad_alloc&) {
                 (void)upstream_->release(granted.value());
                 TORCH_CHECK_WITH(OutOfMemoryError, false,
-                                 "nxmem: no memory for the allocation's record");
+                                 "nxmem: no memory to record the allocation by its address");
             }
-            held->live = granted.value();
-            return {data, held, &release_record, c10::Device(c10::DeviceType::CPU)};
         }
+        return {data, data, deleter(), c10::Device(c10::DeviceType::CPU)};
     }
 
-    // Non-null only when the deleter needs the data pointer alone (c10's rule for raw_allocate).
-    c10::DeleterFnPtr raw_deleter() const override {
-        if constexpr (releases_by_address<A>) {
-            return deleter();
-        } else {
-            return nullptr;
-        }
-    }
+    // The deleter of every DataPtr this adapter makes: it needs the data pointer alone, which is
+    // what c10's raw_allocate/raw_deallocate (oneDNN's allocations) require.
+    c10::DeleterFnPtr raw_deleter() const override { return deleter(); }
 
-    // Whether `data_ptr` was handed out by this adapter (its deleter and, for records, its owner).
+    // Whether `data_ptr` was handed out by this adapter: its deleter is this adapter's alone.
     bool owns(const c10::DataPtr& data_ptr) const noexcept {
-        if (data_ptr.get() == nullptr || data_ptr.get_deleter() != deleter()) {
-            return false;
-        }
-        if constexpr (releases_by_address<A>) {
-            return true;
-        } else {
-            return static_cast<const record*>(data_ptr.get_context())->owner == this;
-        }
+        return data_ptr.get() != nullptr && data_ptr.get_deleter() == deleter();
     }
 
-    // Releases that failed inside a deleter (a deleter cannot report, so it counts).
+    // Releases that failed inside a deleter (a deleter cannot report, so it counts), including an
+    // address this adapter never handed out (raw_deallocate of another allocator's memory).
     std::uint64_t failed_releases() const noexcept {
         return failed_releases_.load(std::memory_order_relaxed);
     }
@@ -156,84 +175,40 @@ public:
     const std::shared_ptr<A>& shared_upstream() const noexcept { return upstream_; }
 
 private:
-    struct record {
-        allocation<cpu_device> live{};
-        const cpu_allocator* owner = nullptr;
-        record* next_free = nullptr;
-    };
-    static constexpr std::size_t records_per_block = 256;
+    // Where an upstream that cannot release by address has its live allocations found again.
+    using address_table = nxmem::detail::sharded_table<allocation<cpu_device>>;
+    struct no_table {};
 
-    explicit cpu_allocator(std::shared_ptr<A> upstream) : upstream_(std::move(upstream)) {
-        if constexpr (releases_by_address<A>) {
-            slot_ = detail::address_slots_claimed.fetch_add(1);
-            TORCH_CHECK(slot_ < detail::address_slot_count, "nxmem: at most ",
-                        detail::address_slot_count,
-                        " adapters that release by address can exist in one process");
-            detail::address_slots[slot_].store(this, std::memory_order_release);
-        }
+    cpu_allocator(std::shared_ptr<A> upstream, std::size_t slot) : upstream_(std::move(upstream)), slot_(slot) {
+        detail::address_slots[slot_].store(this, std::memory_order_release);
     }
     ~cpu_allocator() = default; // never runs: adapters are immortal
 
-    c10::DeleterFnPtr deleter() const noexcept {
-        if constexpr (releases_by_address<A>) {
-            return detail::slot_deleters[slot_];
-        } else {
-            return &release_record;
-        }
-    }
+    static std::uint64_t key_of(void* data) noexcept { return reinterpret_cast<std::uintptr_t>(data); }
+
+    c10::DeleterFnPtr deleter() const noexcept { return detail::slot_deleters[slot_]; }
 
     void release_address(void* data) const noexcept override {
+        bool released = false;
         if constexpr (releases_by_address<A>) {
-            if (!upstream_->release_by_address(data)) [[unlikely]] {
-                failed_releases_.fetch_add(1, std::memory_order_relaxed);
+            released = upstream_->release_by_address(data).has_value();
+        } else {
+            allocation<cpu_device> live{};
+            if (by_address_.take_into(key_of(data), live, [](const allocation<cpu_device>* found) {
+                    return found != nullptr;
+                })) [[likely]] {
+                released = upstream_->release(live).has_value();
             }
         }
-    }
-
-    static void release_record(void* context) {
-        if (context == nullptr) {
-            return; // size 0
+        if (!released) [[unlikely]] {
+            failed_releases_.fetch_add(1, std::memory_order_relaxed);
         }
-        auto* held = static_cast<record*>(context);
-        const cpu_allocator& owner = *held->owner;
-        if (!owner.upstream_->release(held->live)) [[unlikely]] {
-            owner.failed_releases_.fetch_add(1, std::memory_order_relaxed);
-        }
-        owner.give_back_record(held);
-    }
-
-    // The free list grows a block at a time and never shrinks: steady state allocates nothing.
-    record* take_record() const noexcept {
-        std::lock_guard lock(records_lock_);
-        if (free_records_ == nullptr) {
-            try {
-                auto block = std::make_unique<record[]>(records_per_block);
-                for (std::size_t i = 0; i < records_per_block; ++i) {
-                    block[i].owner = this;
-                    block[i].next_free = i + 1 < records_per_block ? &block[i + 1] : nullptr;
-                }
-                free_records_ = &block[0];
-                record_blocks_.push_back(std::move(block));
-            } catch (const std::bad_alloc&) {
-                return nullptr;
-            }
-        }
-        record* taken = free_records_;
-        free_records_ = taken->next_free;
-        return taken;
-    }
-    void give_back_record(record* held) const noexcept {
-        std::lock_guard lock(records_lock_);
-        held->next_free = free_records_;
-        free_records_ = held;
     }
 
     std::shared_ptr<A> upstream_;
     std::size_t slot_ = 0;
     mutable std::atomic<std::uint64_t> failed_releases_{0};
-    mutable std::mutex records_lock_;
-    mutable record* free_records_ = nullptr;
-    mutable std::vector<std::unique_ptr<record[]>> record_blocks_;
+    [[no_unique_address]] mutable std::conditional_t<releases_by_address<A>, no_table, address_table> by_address_;
 };
 
 // Makes `adapter` PyTorch's CPU allocator. c10 keeps the raw pointer forever, which the adapter's

@@ -116,7 +116,7 @@ public:
         : module_(std::move(module)), reclaim_(std::move(reclaim)), device_(device),
           wire_device_(device.to_wire()), mechanism_id_(factory.mechanism_id),
           mechanism_name_(factory.name) {
-        tables_.reserve(2); // accept() records the capability tables without allocating
+        tables_.reserve(3); // accept() records the capability tables (at most three) without allocating
         module_->tally_.allocators.fetch_add(1);
         callbacks_ = abi::make_struct<NxmemHostCallbacks>();
         callbacks_.abi_minor = abi::known_minor<NxmemHostCallbacks>(); // the slots it fills
@@ -485,7 +485,8 @@ public:
 
     result<void> change_range(const NxmemAllocation& described, byte_range range, bool commit) {
         return contain(commit ? "commit" : "decommit", [&]() -> result<void> {
-            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing",
+                                   commit ? &NxmemVirtualBackingVtable::commit : &NxmemVirtualBackingVtable::decommit));
             NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
             NXMEM_TRY(record, live_.find(described));
             (void)record;
@@ -504,7 +505,7 @@ public:
 
     result<std::uint64_t> mapped_bytes(const NxmemAllocation& described) {
         return contain("mapped_bytes", [&]() -> result<std::uint64_t> {
-            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing"));
+            NXMEM_TRY_VOID(require(virtual_backing_, "virtual backing", &NxmemVirtualBackingVtable::mapped_bytes));
             NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
             NXMEM_TRY(record, live_.find(described));
             (void)record;
@@ -521,7 +522,8 @@ public:
     // given back to the plugin as it was handed over): the host could never release it.
     result<shared_prefix> create_prefix(std::uint64_t size) {
         return contain("create_prefix", [&]() -> result<shared_prefix> {
-            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping", &NxmemSharedMappingVtable::create_shared_prefix,
+                                   &NxmemSharedMappingVtable::release_shared_prefix));
             auto request = abi::make_struct<NxmemSharedPrefixRequest>();
             request.mechanism_id = mechanism_id_;
             request.device = device_.to_wire();
@@ -546,7 +548,7 @@ public:
 
     result<void> retain_prefix(const shared_prefix& prefix) {
         return contain("retain_prefix", [&]() -> result<void> {
-            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping", &NxmemSharedMappingVtable::retain_shared_prefix));
             NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
             const NxmemSharedPrefixHandle handle = prefix.to_wire();
             NxmemStatus status = abi::make_status();
@@ -558,7 +560,7 @@ public:
 
     result<void> release_prefix(const shared_prefix& prefix) {
         return contain("release_prefix", [&]() -> result<void> {
-            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping", &NxmemSharedMappingVtable::release_shared_prefix));
             NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
             const NxmemSharedPrefixHandle handle = prefix.to_wire();
             NxmemStatus status = abi::make_status();
@@ -571,7 +573,7 @@ public:
 
     result<prefix_commit> commit_prefix(const NxmemAllocation& described, const shared_prefix& prefix) {
         return contain("commit_prefix", [&]() -> result<prefix_commit> {
-            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping"));
+            NXMEM_TRY_VOID(require(shared_mapping_, "shared mapping", &NxmemSharedMappingVtable::commit_shared_prefix));
             NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
             NXMEM_TRY_VOID(check_identity(prefix.mechanism_id, prefix.device.to_wire()));
             NXMEM_TRY(record, live_.find(described));
@@ -610,7 +612,7 @@ public:
     // (CONTRACT_VIOLATION) and the descriptors it names are closed.
     result<NxmemIpcHandle> export_handle(const NxmemExportRequest& request) {
         return contain("export_handle", [&]() -> result<NxmemIpcHandle> {
-            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes", &NxmemIpcVtable::export_handle));
             if (request.kind == NXMEM_IPC_ALLOCATION) {
                 NXMEM_TRY_VOID(check_identity(request.allocation.mechanism_id, request.allocation.device));
                 NXMEM_TRY(record, live_.find(request.allocation));
@@ -639,7 +641,8 @@ public:
     // Imports `handle` (its descriptors borrowed for the call) under a new import id.
     result<NxmemImport> import_handle(const NxmemIpcHandle& handle, std::uint32_t access) {
         return contain("import_handle", [&]() -> result<NxmemImport> {
-            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes", &NxmemIpcVtable::import_handle,
+                                   &NxmemIpcVtable::close_import));
             auto request = abi::make_struct<NxmemImportRequest>();
             request.access = access;
             request.mechanism_id = mechanism_id_;
@@ -663,7 +666,7 @@ public:
 
     result<void> close_import(const NxmemImport& imported) {
         return contain("close_import", [&]() -> result<void> {
-            NXMEM_TRY_VOID(require(ipc_, "sharing across processes"));
+            NXMEM_TRY_VOID(require(ipc_, "sharing across processes", &NxmemIpcVtable::close_import));
             NxmemStatus status = abi::make_status();
             NXMEM_TRY_VOID(check(ipc_->close_import(raw_, &imported, &status), status));
             module_->tally_.imports.fetch_sub(1);
@@ -809,10 +812,18 @@ private:
                               residue};
     }
 
-    template <class Table> result<void> require(const std::optional<Table>& table,
-                                                std::string_view capability) const {
+    // The capability table is there and every slot the call uses is non-NULL (S9): never a jump
+    // to address 0, even if a check at open were ever to let a NULL slot through.
+    template <class Table, class... Slots>
+    result<void> require(const std::optional<Table>& table, std::string_view capability,
+                         Slots Table::*... used) const {
         if (!table) {
             return unsupported(capability);
+        }
+        if (!slots_present(*table, used...)) [[unlikely]] {
+            return error{status_code::unsupported_capability,
+                         "'" + mechanism_name_ + "' offers " + std::string(capability) +
+                             " with a NULL slot in its table; the host does not call it"};
         }
         return boost::outcome_v2::success();
     }

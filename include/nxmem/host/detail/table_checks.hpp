@@ -86,6 +86,14 @@ inline result<void> check_capabilities(abi::table_copy<NxmemAllocatorVtable>& co
     return boost::outcome_v2::success();
 }
 
+// Defence in depth (rule S9): whether each slot a call is about to use is non-NULL in the host's
+// copy of a table it accepted. The checks at open already guarantee it; a call that finds a NULL
+// slot anyway answers UNSUPPORTED_CAPABILITY instead of jumping to address 0.
+template <class Table, class... Slots>
+bool slots_present(const Table& table, Slots Table::*... used) noexcept {
+    return ((table.*used != nullptr) && ...);
+}
+
 // Reads a capability table the allocator points to and checks its required slots.
 template <abi::growable_table T>
 result<abi::table_copy<T>> read_capability_table(const T* untrusted, std::uint32_t negotiated_minor) {
