@@ -254,7 +254,8 @@ struct check_tables_struct_size {
             }
         }
         if (!problem.empty()) {
-            return failed("struct_size covers the declared level and stays within " +
+            return failed("a declared level no lower than the table's introduction, and a struct_size "
+                          "that covers it and stays within " +
                               std::to_string(NXMEM_MAX_STRUCT_SIZE) + " bytes",
                           problem);
         }
