@@ -60,6 +60,7 @@ public:
         const auto slot = static_cast<std::uint32_t>(chunks_taken - 1);
         return pool_detail::chunk_grant{slot, 0x200000000000ULL + slot * chunk_bytes(), 7};
     }
+    void abandon_chunk(std::uint32_t) noexcept { ++chunks_given; }
     bool give_back_chunk(std::uint32_t) {
         if (keeps) {
             return false;
@@ -390,8 +391,10 @@ TEST_CASE("chunk source growing by commit: the reservation, its committed chunks
     const std::uint64_t arena = source.arena_base();
     REQUIRE(source.prepare_arena(0, 4 * source.granule()));
     std::optional<error> refused;
+    const std::uint64_t generation = source.region_generation();
     CHECK(source.change_commitment(arena + source.granule(), 2 * source.granule(), true, refused) ==
           2 * source.granule());
+    CHECK(source.region_generation() > generation); // an arena run appeared: list again
     CHECK_FALSE(refused.has_value());
     listed = regions_of(source);
     REQUIRE(listed.size() == 3);

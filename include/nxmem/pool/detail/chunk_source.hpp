@@ -145,6 +145,14 @@ public:
         if (!gate_.begin_give_back()) {
             return false;
         }
+        abandon_chunk(slot);
+        gate_.end_give_back();
+        return true;
+    }
+
+    // A chunk the layer above could not use (no memory for its records): given back at once,
+    // lease or not, since it never held anything.
+    void abandon_chunk(std::uint32_t slot) {
         chunk_entry& chunk = chunks_[slot];
         {
             std::lock_guard lock(chunk_mutex_);
@@ -157,8 +165,6 @@ public:
             give_back_upstream(chunk.upstream);
         }
         free_chunk_slot(slot);
-        gate_.end_give_back();
-        return true;
     }
 
     // ---- segments ----
@@ -283,6 +289,7 @@ public:
                 }
                 changed += range.length;
                 at = run_end;
+                region_generation_.fetch_add(1, std::memory_order_release); // an arena run grew or shrank
             }
             if (!commit) {
                 gate_.end_give_back();

@@ -474,7 +474,7 @@ private:
         }
         const chunk_grant chunk = granted.value();
         if (!make_records_for(chunk.slot)) {
-            (void)source_->give_back_chunk(chunk.slot);
+            source_->abandon_chunk(chunk.slot);
             return out_of_memory("the host could not record a chunk's slabs");
         }
         mechanism_id_.store(chunk.mechanism_id, std::memory_order_relaxed);
