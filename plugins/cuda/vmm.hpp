@@ -257,7 +257,7 @@ public:
         // An imported prefix is never costed here: its bytes are the exporter's (imported bytes).
         const bool first = !shared->ever_mapped.exchange(true, std::memory_order_relaxed);
         return prefix_commit{shared->size, first && !shared->imported ? shared->length : 0,
-                             sharers}; // C8a: whole chunks
+                             sharers}; // C8: whole chunks
     }
 
     void destroy_shared_prefix(std::uint64_t prefix_id) {

@@ -165,7 +165,7 @@ struct lazy_mechanism {
         // ever maps new memory, not a first one again after every sharer went.
         const bool first = !found.ever_mapped;
         found.ever_mapped = true;
-        return prefix_commit{found.size, first ? whole_pages(found.size) : 0, found.sharers}; // C8a
+        return prefix_commit{found.size, first ? whole_pages(found.size) : 0, found.sharers}; // C8 (the granules reading)
     }
     void destroy_shared_prefix(std::uint64_t prefix_id) {
         std::lock_guard lock(mutex_);
@@ -183,7 +183,7 @@ struct lazy_mechanism {
             totals.mapped_bytes += committed_bytes(live);
         }
         for (const auto& [prefix_id, shared] : prefixes_) {
-            totals.shared_prefix_bytes += whole_pages(shared.size); // C8a
+            totals.shared_prefix_bytes += whole_pages(shared.size); // C8 (the granules reading)
         }
         return totals;
     }
@@ -207,7 +207,7 @@ private:
     }
 
     // What an allocation costs (Q17), less the pages under a mapped prefix: those are the
-    // prefix's (C8a). Called with mutex_ held.
+    // prefix's (C8). Called with mutex_ held.
     std::uint64_t committed_bytes(const state& live) const {
         std::uint64_t shared_end = 0;
         for (std::uint64_t prefix_id : live.prefixes) {

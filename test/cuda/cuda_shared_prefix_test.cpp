@@ -33,7 +33,7 @@ TEST_CASE("a write through one allocation's prefix is read through another",
 
         auto one = value_or_fail(mapping.commit_prefix(first, prefix));
         CHECK(one.shared_bytes == prefix_size);
-        CHECK(one.newly_mapped_bytes == 3 * chunk); // the first mapping pays its whole chunks (C8a)
+        CHECK(one.newly_mapped_bytes == 3 * chunk); // the first mapping pays its whole chunks (C8)
         CHECK(one.sharers == 1);
         auto two = value_or_fail(mapping.commit_prefix(second, prefix));
         CHECK(two.newly_mapped_bytes == 0);

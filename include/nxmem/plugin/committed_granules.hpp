@@ -1,7 +1,7 @@
 // What a virtual-backing mechanism otherwise writes itself: the granularity check of commit and
 // decommit ranges (ABI.md G3), the granules each allocation has committed, its cost from them
 // (each committed granule, the last one up to the allocation's end, as the bundled lazy
-// mechanisms count it), and the granules a mapped shared prefix owns (C8a). One per allocator;
+// mechanisms count it), and the granules a mapped shared prefix owns (C8). One per allocator;
 // opt-in: a mechanism that keeps this state elsewhere (in the kernel, in runs) need not use it.
 //
 //   committed_granules granules_{page_bytes};                        // a member
@@ -91,7 +91,7 @@ public:
         return before - found.cost;
     }
 
-    // What the allocation at `address` costs now: its committed granules, prefix excluded (C8a).
+    // What the allocation at `address` costs now: its committed granules, prefix excluded (C8).
     std::uint64_t mapped_bytes(std::uint64_t address) const {
         std::lock_guard lock(mutex_);
         const auto found = entries_.find(address);
