@@ -131,3 +131,36 @@ TEST_CASE("HOST.md Pools: under a lease the reclaim hook takes nothing from the 
     pool.reset();
     REQUIRE(module->try_unload());
 }
+
+TEST_CASE("HOST.md Pools: an engine hook that fails when it evicts nothing refuses the plugin only when the "
+          "pool's trim gave nothing back either",
+          "[pool][posix][docs]") {
+    auto module = test::load_or_fail(posix_path());
+    int evictions = 0;
+    host::reclaim_function evict = [&](const host::reclaim_request&) -> result<void> {
+        ++evictions;
+        return fail(status_code::host_refused, "nothing left to evict");
+    };
+    auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-eager", 0, "budget=4M", {}, evict));
+    std::vector<allocation<cpu_device>> spans;
+    for (int i = 0; i < 3; ++i) {
+        spans.push_back(value_or_fail(pool->allocate(1 * mib, 64)));
+    }
+    REQUIRE(pool->release(spans.back()));
+    spans.pop_back();
+    // 2 MiB live, 1 MiB idle: 2 + 2 > 4 MiB, and the pool's trim of its idle 1 MiB frees enough.
+    auto larger = value_or_fail(pool->allocate(2 * mib, 64));
+    CHECK(evictions == 1);
+    CHECK(pool->usage().upstream_releases == 1);
+    // Nothing idle now: 4 MiB live, the trim gives nothing, and the hook's refusal is the answer.
+    auto refused = pool->allocate(1 * mib, 64);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == status_code::out_of_memory);
+    CHECK(evictions == 2);
+    for (const auto& span : spans) {
+        REQUIRE(pool->release(span));
+    }
+    REQUIRE(pool->release(larger));
+    pool.reset();
+    REQUIRE(module->try_unload());
+}

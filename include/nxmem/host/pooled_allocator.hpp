@@ -26,9 +26,9 @@ template <Device D> struct pool_link {
 
 // Opens `factory_name` on device `index` with a reclaim hook that trims the pool first (all its
 // idle memory: cached spans, free chunks), then calls `engine_hook` if given; the pool owns the
-// plugin_allocator. When the pool had nothing idle to give and there is no engine hook, the
-// plugin's request is refused (and its allocation fails with OUT_OF_MEMORY, which the pool
-// reports as such).
+// plugin_allocator. The plugin's request succeeds when the pool's trim gave anything back;
+// otherwise it gets the engine hook's answer, or a refusal without one (its allocation then fails
+// with OUT_OF_MEMORY, which the pool reports as such).
 template <Device D>
 result<std::shared_ptr<pooled_plugin_allocator<D>>>
 open_pooled_allocator(const std::shared_ptr<plugin_module>& module, std::string_view factory_name,
@@ -43,13 +43,15 @@ open_pooled_allocator(const std::shared_ptr<plugin_module>& module, std::string_
                 pool = link->pool.lock();
             }
             const std::uint64_t given = pool != nullptr ? pool->trim(0) : 0;
-            if (engine_hook) {
-                return engine_hook(request);
+            // The engine's hook runs whatever the trim gave; its refusal reaches the plugin only when
+            // the pool gave nothing either, so one hook serves an allocator with or without a pool.
+            result<void> evicted = engine_hook ? engine_hook(request)
+                                               : result<void>(fail(status_code::host_refused,
+                                                                   "the pool had no idle memory to give back"));
+            if (given > 0) {
+                return boost::outcome_v2::success();
             }
-            if (given == 0) {
-                return fail(status_code::host_refused, "the pool had no idle memory to give back");
-            }
-            return boost::outcome_v2::success();
+            return evicted;
         };
         NXMEM_TRY(allocator, open_allocator<D>(module, factory_name, index, options, std::move(hook)));
         auto pool = std::make_shared<pooled_plugin_allocator<D>>(std::move(allocator), pooling);
