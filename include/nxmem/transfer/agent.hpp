@@ -1,0 +1,1286 @@
+// nxmem::transfer::agent: one per process (a UCX context, a worker, endpoints to peers). It
+// registers nxmem memory with UCX (a plugin allocation, a shared prefix's mapping, an import, a
+// pool's chunks, or memory of the engine's own), describes it to peers, reads and writes lists of
+// blocks from and to them (ucp_get_nbx / ucp_put_nbx) with a request the caller polls or waits on,
+// and notifies the peer when a transfer is complete (ucp_am_send_nbx). docs/TRANSFER.md.
+//
+// Thread-safe: every call may come from any thread. UCX is called under one lock per agent
+// (the worker is serialised), never while a plugin is called. Progress is driven by the caller
+// (poll, wait, progress) or by a thread of the agent's own (agent_options::progress_thread).
+#pragma once
+
+#include <nxmem/host/ipc_view.hpp>
+#include <nxmem/host/plugin_allocator.hpp>
+#include <nxmem/host/shared_prefix.hpp>
+#include <nxmem/transfer/descriptor.hpp>
+#include <nxmem/transfer/detail/packed_key.hpp>
+#include <nxmem/transfer/detail/records.hpp>
+#include <nxmem/transfer/wire.hpp>
+
+#include <ucp/api/ucp.h>
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
+
+namespace nxmem::transfer {
+
+struct agent_options {
+    std::string name = "nxmem";
+    // UCX transports as UCX_TLS names them ("tcp", "sm", "posix,cma,self", ...); empty: UCX's
+    // own choice (or UCX_TLS from the environment).
+    std::string transports;
+    // true: the agent progresses UCX in a thread of its own (sleeping on the worker's event fd);
+    // false: the caller does, through transfer_request::poll / wait and agent::progress.
+    bool progress_thread = false;
+};
+
+// A notification a peer sent when a transfer completed: who sent it and the bytes it attached.
+struct notification {
+    agent_id sender{};
+    std::string sender_name; // the name of the connected peer with that id, if any
+    std::vector<std::byte> message;
+};
+
+enum class transfer_status { in_progress, done, failed };
+
+class agent;
+
+namespace detail {
+
+inline constexpr unsigned notification_am_id = 0x6e78; // "nx"
+inline constexpr std::size_t max_queued_notifications = 1u << 16;
+
+class agent_core {
+public:
+    static result<std::shared_ptr<agent_core>> start(const agent_options& options) {
+        auto core = std::make_shared<agent_core>();
+        core->name_ = options.name.substr(0, max_name_bytes);
+        std::random_device entropy;
+        for (std::size_t i = 0; i < core->id_.size(); i += 4) {
+            const std::uint32_t word = entropy();
+            std::memcpy(core->id_.data() + i, &word, 4);
+        }
+        ucp_config_t* config = nullptr;
+        ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: cannot read its configuration: " + ucx_text(status));
+        }
+        if (!options.transports.empty()) {
+            status = ucp_config_modify(config, "TLS", options.transports.c_str());
+            if (status != UCS_OK) {
+                ucp_config_release(config);
+                return fail(status_code::invalid_argument,
+                            "UCX refused transports '" + options.transports + "': " + ucx_text(status));
+            }
+        }
+        ucp_params_t params{};
+        params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+        params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | (options.progress_thread ? UCP_FEATURE_WAKEUP : 0);
+        params.mt_workers_shared = 0; // one worker, serialised by the core's lock
+        status = ucp_init(&params, config, &core->context_);
+        ucp_config_release(config);
+        if (status != UCS_OK) {
+            core->context_ = nullptr;
+            return fail(status_code::internal_error,
+                        "UCX: ucp_init failed" +
+                            (options.transports.empty() ? std::string() : " (transports '" + options.transports + "')") +
+                            ": " + ucx_text(status));
+        }
+        ucp_worker_params_t worker_params{};
+        worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+        status = ucp_worker_create(core->context_, &worker_params, &core->worker_);
+        if (status != UCS_OK) {
+            core->worker_ = nullptr;
+            return fail(status_code::internal_error, "UCX: ucp_worker_create failed: " + ucx_text(status));
+        }
+        ucp_am_handler_param_t handler{};
+        handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                             UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        handler.id = notification_am_id;
+        handler.cb = &agent_core::on_notification;
+        handler.arg = core.get();
+        status = ucp_worker_set_am_recv_handler(core->worker_, &handler);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: cannot set the notification handler: " + ucx_text(status));
+        }
+        if (options.progress_thread) {
+            status = ucp_worker_get_efd(core->worker_, &core->event_fd_);
+            if (status != UCS_OK) {
+                return fail(status_code::internal_error, "UCX: no event fd for a progress thread: " + ucx_text(status));
+            }
+            core->stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+            if (core->stop_fd_ < 0) {
+                return fail(status_code::internal_error, "eventfd failed for the progress thread");
+            }
+            core->has_thread_ = true;
+        }
+        return core;
+    }
+
+    agent_core() = default;
+    agent_core(const agent_core&) = delete;
+    agent_core& operator=(const agent_core&) = delete;
+
+    // Everything handed out is gone (every handle holds the core): close the endpoints, wait a
+    // bounded time for UCX to give back what it still holds, unmap, destroy.
+    ~agent_core() {
+        if (worker_ != nullptr) {
+            std::unique_lock lock(mutex_);
+            for (auto& peer : peers_) {
+                close_peer_locked(*peer, true);
+            }
+            drain_locked(std::chrono::seconds(1));
+            for (void* closing : closing_) {
+                ucp_request_free(closing); // a peer that never acknowledged: UCX drops it with the worker
+            }
+            closing_.clear();
+            for (auto& record : registrations_) {
+                unmap_locked(*record);
+            }
+            registrations_.clear();
+            ucp_worker_destroy(worker_);
+        }
+        if (context_ != nullptr) {
+            ucp_cleanup(context_);
+        }
+        if (stop_fd_ >= 0) {
+            ::close(stop_fd_);
+        }
+    }
+
+    const agent_id& id() const noexcept { return id_; }
+    const std::string& name() const noexcept { return name_; }
+    bool has_thread() const noexcept { return has_thread_; }
+
+    // ---- metadata ----
+
+    // header, agent id (16 bytes), name, worker address.
+    result<std::vector<std::byte>> metadata() {
+        std::lock_guard lock(mutex_);
+        ucp_address_t* address = nullptr;
+        std::size_t length = 0;
+        const ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: no worker address: " + ucx_text(status));
+        }
+        wire_writer out(blob_kind::agent_metadata);
+        out.put_raw(id_.data(), id_.size());
+        out.put_bytes(std::as_bytes(std::span(name_)));
+        out.put_bytes(std::span(reinterpret_cast<const std::byte*>(address), length));
+        ucp_worker_release_address(worker_, address);
+        return std::move(out).finish();
+    }
+
+    // ---- registration ----
+
+    struct region_request {
+        std::uint64_t base = 0;
+        std::uint64_t length = 0;
+        bool remote_writable = true;
+        bool local_writable = true;
+        host::registration_lease lease;
+    };
+
+    result<std::shared_ptr<registration_record>> register_region(region_request&& request) {
+        if (request.base == 0 || request.length == 0 || request.base > UINT64_MAX - request.length) {
+            return fail(status_code::invalid_argument,
+                        "register: " + std::to_string(request.length) + " bytes at 0x" +
+                            nxmem::detail::to_hex(request.base) + " is not a range of memory");
+        }
+        auto record = std::make_shared<registration_record>();
+        record->base = request.base;
+        record->length = request.length;
+        record->remote_writable = request.remote_writable;
+        record->local_writable = request.local_writable;
+        record->lease = std::move(request.lease);
+        ucp_mem_map_params_t params{};
+        params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                            UCP_MEM_MAP_PARAM_FIELD_PROT;
+        params.address = reinterpret_cast<void*>(request.base);
+        params.length = request.length;
+        params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ |
+                      (request.local_writable ? unsigned{UCP_MEM_MAP_PROT_LOCAL_WRITE} : 0u) |
+                      (request.remote_writable ? unsigned{UCP_MEM_MAP_PROT_REMOTE_WRITE} : 0u);
+        std::lock_guard lock(mutex_);
+        ucs_status_t status = ucp_mem_map(context_, &params, &record->memh);
+        if (status != UCS_OK) {
+            record->memh = nullptr;
+            return fail(status_code::internal_error, "UCX: ucp_mem_map of " + std::to_string(request.length) +
+                                                         " bytes failed: " + ucx_text(status));
+        }
+        void* packed = nullptr;
+        std::size_t packed_length = 0;
+        status = ucp_rkey_pack(context_, record->memh, &packed, &packed_length);
+        if (status != UCS_OK || packed_length == 0 || packed_length > max_rkey_bytes) {
+            if (status == UCS_OK) {
+                ucp_rkey_buffer_release(packed);
+            }
+            unmap_locked(*record);
+            return fail(status_code::internal_error, "UCX: ucp_rkey_pack failed: " +
+                                                         (status == UCS_OK ? "a key of " + std::to_string(packed_length) + " bytes"
+                                                                           : ucx_text(status)));
+        }
+        try {
+            record->packed_key.assign(static_cast<const std::byte*>(packed),
+                                      static_cast<const std::byte*>(packed) + packed_length);
+            ucp_rkey_buffer_release(packed);
+            record->id = next_registration_id_++;
+            const auto at = std::upper_bound(registrations_.begin(), registrations_.end(), record->base,
+                                             [](std::uint64_t base, const auto& other) { return base < other->base; });
+            registrations_.insert(at, record);
+        } catch (...) {
+            unmap_locked(*record);
+            throw;
+        }
+        return record;
+    }
+
+    // BUSY while transfers use it; then unmapped and its lease ended.
+    result<void> deregister(registration_record& record) {
+        std::lock_guard lock(mutex_);
+        if (record.deregistered) {
+            return boost::outcome_v2::success();
+        }
+        const std::uint64_t in_flight = record.in_flight.load(std::memory_order_acquire);
+        if (in_flight != 0) {
+            return fail(status_code::busy, "deregister: registration " + std::to_string(record.id) + " is used by " +
+                                               std::to_string(in_flight) + " transfer(s) in flight; wait for them");
+        }
+        forget_locked(record);
+        return boost::outcome_v2::success();
+    }
+    // The handle went: deregister now, or once the transfers using it are done. Allocates nothing.
+    void abandon(registration_record& record) noexcept {
+        std::lock_guard lock(mutex_);
+        if (record.deregistered) {
+            return;
+        }
+        if (record.in_flight.load(std::memory_order_acquire) != 0) {
+            record.release_when_idle = true;
+            return;
+        }
+        forget_locked(record);
+    }
+
+    std::size_t registration_count() const {
+        std::lock_guard lock(mutex_);
+        return registrations_.size();
+    }
+
+    // header, agent id, region count (u32), each: id, base, length (u64), device (u32), kind
+    // (u8), flags (u8: bit 0 remotely writable), packed key (u32 length + bytes).
+    result<std::vector<std::byte>> export_regions(std::span<const registration_record* const> records) {
+        std::lock_guard lock(mutex_);
+        wire_writer out(blob_kind::regions);
+        out.put_raw(id_.data(), id_.size());
+        out.put_u32(static_cast<std::uint32_t>(records.size()));
+        for (const registration_record* record : records) {
+            if (record == nullptr || record->deregistered) {
+                return fail(status_code::invalid_argument, "export_regions: a registration that is deregistered");
+            }
+            out.put_u64(record->id);
+            out.put_u64(record->base);
+            out.put_u64(record->length);
+            out.put_u32(record->device);
+            out.put_u8(static_cast<std::uint8_t>(record->kind));
+            out.put_u8(record->remote_writable ? 1 : 0);
+            out.put_bytes(record->packed_key);
+        }
+        return std::move(out).finish();
+    }
+
+    // ---- peers ----
+
+    result<std::shared_ptr<peer_record>> connect(std::span<const std::byte> metadata) {
+        NXMEM_TRY(in, wire_reader::open(metadata, blob_kind::agent_metadata));
+        auto peer = std::make_shared<peer_record>();
+        std::span<const std::byte> name;
+        std::span<const std::byte> address;
+        if (!in.get_raw(peer->id.data(), peer->id.size()) || !in.get_bytes(name, max_name_bytes) ||
+            !in.get_bytes(address, max_worker_address_bytes)) {
+            return in.malformed("truncated, or a name or worker address over its cap");
+        }
+        NXMEM_TRY_VOID(in.finish());
+        if (address.empty()) {
+            return in.malformed("an empty worker address");
+        }
+        if (peer->id == id_) {
+            return fail(status_code::invalid_argument, "connect: the metadata is this agent's own");
+        }
+        peer->name.assign(reinterpret_cast<const char*>(name.data()), name.size());
+        // UCX parses the worker address without a length: hand it a copy with zeroed room behind.
+        std::vector<std::byte> padded(address.begin(), address.end());
+        padded.resize(address.size() + packed_key_slack);
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        params.err_handler.cb = &agent_core::on_peer_failure;
+        params.err_handler.arg = peer.get();
+        std::lock_guard lock(mutex_);
+        peers_.reserve(peers_.size() + 1);
+        const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->endpoint);
+        if (status != UCS_OK) {
+            peer->endpoint = nullptr;
+            return fail(status_code::invalid_argument,
+                        "connect to '" + peer->name + "': UCX refused the worker address: " + ucx_text(status));
+        }
+        peers_.push_back(peer);
+        return peer;
+    }
+
+    result<void> load_regions(peer_record& peer, std::span<const std::byte> blob) {
+        NXMEM_TRY(in, wire_reader::open(blob, blob_kind::regions));
+        agent_id owner{};
+        std::uint32_t count = 0;
+        if (!in.get_raw(owner.data(), owner.size()) || !in.get_u32(count)) {
+            return in.malformed("truncated before the region count");
+        }
+        if (owner != peer.id) {
+            return fail(status_code::invalid_argument, "load_regions: the region list belongs to another agent "
+                                                       "than peer '" + peer.name + "'");
+        }
+        constexpr std::size_t min_region_bytes = 8 * 3 + 4 + 2 + 4 + 1;
+        if (count > max_regions || count > in.left() / min_region_bytes) {
+            return in.malformed(std::to_string(count) + " regions announced, room for " +
+                                std::to_string(in.left() / min_region_bytes));
+        }
+        struct parsed {
+            remote_region region;
+            std::span<const std::byte> key;
+        };
+        std::vector<parsed> regions;
+        regions.reserve(count);
+        for (std::uint32_t i = 0; i < count; ++i) {
+            parsed next;
+            std::uint8_t kind = 0;
+            std::uint8_t flags = 0;
+            if (!(in.get_u64(next.region.id) && in.get_u64(next.region.base) && in.get_u64(next.region.length) &&
+                  in.get_u32(next.region.device) && in.get_u8(kind) && in.get_u8(flags) &&
+                  in.get_bytes(next.key, max_rkey_bytes))) {
+                return in.malformed("region " + std::to_string(i) + " truncated (or a key over " +
+                                    std::to_string(max_rkey_bytes) + " bytes)");
+            }
+            if (next.region.length == 0 || next.region.base == 0 ||
+                next.region.base > UINT64_MAX - next.region.length) {
+                return in.malformed("region " + std::to_string(i) + ": " + std::to_string(next.region.length) +
+                                    " bytes at 0x" + nxmem::detail::to_hex(next.region.base) +
+                                    " is empty or wraps past the end of the address space");
+            }
+            if (kind > static_cast<std::uint8_t>(memory_kind::device) || (flags & ~1u) != 0) {
+                return in.malformed("region " + std::to_string(i) + ": unknown memory kind or flags");
+            }
+            std::string key_problem = packed_key_problem(next.key);
+            if (!key_problem.empty()) {
+                return in.malformed("region " + std::to_string(i) + ": packed key refused: " + key_problem);
+            }
+            for (const parsed& earlier : regions) {
+                if (earlier.region.id == next.region.id) {
+                    return in.malformed("region id " + std::to_string(next.region.id) + " appears twice");
+                }
+            }
+            next.region.kind = static_cast<memory_kind>(kind);
+            next.region.writable = (flags & 1u) != 0;
+            regions.push_back(next);
+        }
+        NXMEM_TRY_VOID(in.finish());
+        std::lock_guard lock(mutex_);
+        NXMEM_TRY_VOID(usable_locked(peer));
+        std::vector<remote_region> unpacked;
+        unpacked.reserve(regions.size());
+        std::vector<std::byte> padded;
+        for (parsed& next : regions) {
+            padded.assign(next.key.begin(), next.key.end());
+            padded.resize(next.key.size() + packed_key_slack);
+            const ucs_status_t status = ucp_ep_rkey_unpack(peer.endpoint, padded.data(), &next.region.key);
+            if (status != UCS_OK) {
+                for (remote_region& done : unpacked) {
+                    ucp_rkey_destroy(done.key);
+                }
+                return fail(status_code::invalid_argument, "load_regions: UCX refused the packed key of region " +
+                                                               std::to_string(next.region.id) + ": " + ucx_text(status));
+            }
+            unpacked.push_back(next.region);
+        }
+        for (remote_region& old : peer.regions) {
+            ucp_rkey_destroy(old.key);
+        }
+        peer.regions = std::move(unpacked);
+        std::sort(peer.regions.begin(), peer.regions.end(),
+                  [](const remote_region& a, const remote_region& b) { return a.base < b.base; });
+        return boost::outcome_v2::success();
+    }
+
+    void close_peer(peer_record& peer, bool force) noexcept {
+        std::lock_guard lock(mutex_);
+        close_peer_locked(peer, force);
+    }
+
+    // ---- transfers ----
+
+    enum class direction { read, write };
+
+    // All checks first (nothing reaches UCX until every block has passed), then one get or put per
+    // block, a flush for writes, and the notification once everything is done.
+    result<std::shared_ptr<transfer_state>> submit(direction way, peer_record& peer, const descriptor_list& local,
+                                                   const descriptor_list& remote, std::span<const std::byte> message) {
+        const char* verb = way == direction::read ? "read" : "write";
+        if (local.block_count() != remote.block_count()) {
+            return fail(status_code::invalid_argument,
+                        std::string(verb) + ": " + std::to_string(local.block_count()) + " local blocks against " +
+                            std::to_string(remote.block_count()) + " remote blocks");
+        }
+        if (local.empty()) {
+            return fail(status_code::invalid_argument, std::string(verb) + ": no blocks");
+        }
+        if (message.size() > max_notification_bytes) {
+            return fail(status_code::invalid_argument, std::string(verb) + ": a notification of " +
+                                                           std::to_string(message.size()) + " bytes (at most " +
+                                                           std::to_string(max_notification_bytes) + ")");
+        }
+        auto state = std::make_shared<transfer_state>();
+        state->notification.assign(message.begin(), message.end());
+        state->blocks = local.block_count();
+        state->bytes = local.total_bytes();
+        state->pinned.reserve(4);
+        std::vector<planned_op> ops;
+        ops.reserve(static_cast<std::size_t>(local.block_count()));
+
+        std::unique_lock lock(mutex_);
+        NXMEM_TRY_VOID(usable_locked(peer));
+        NXMEM_TRY_VOID(plan_locked(way, verb, peer, local, remote, ops, *state));
+        state->peer = peer_shared_locked(peer);
+        for (auto& record : state->pinned) {
+            record->in_flight.fetch_add(1, std::memory_order_acq_rel);
+        }
+        active_.reserve(active_.size() + 1);
+        active_.push_back(state);
+
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+        param.cb.send = &agent_core::on_op_done;
+        param.user_data = state.get();
+        for (const planned_op& op : ops) {
+            param.memh = op.memh;
+            ucs_status_ptr_t issued =
+                way == direction::read
+                    ? ucp_get_nbx(peer.endpoint, reinterpret_cast<void*>(op.local), op.length, op.remote, op.key, &param)
+                    : ucp_put_nbx(peer.endpoint, reinterpret_cast<const void*>(op.local), op.length, op.remote, op.key,
+                                  &param);
+            if (!account_locked(*state, issued)) {
+                break; // the ops already issued still complete; the transfer reports the failure
+            }
+        }
+        if (way == direction::write && state->error.load() == UCS_OK) {
+            ucp_request_param_t flush{};
+            flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            flush.cb.send = &agent_core::on_op_done;
+            flush.user_data = state.get();
+            (void)account_locked(*state, ucp_ep_flush_nbx(peer.endpoint, &flush));
+        }
+        release_one_locked(*state); // the issuing pass's own count
+        after_progress_locked();
+        return state;
+    }
+
+    // ---- progress ----
+
+    // Progresses UCX until it has nothing more to do right now; true if anything happened.
+    bool progress() {
+        std::lock_guard lock(mutex_);
+        return progress_locked();
+    }
+
+    // Waits until the transfer is done or `timeout` has passed; true when done.
+    bool wait(transfer_state& state, std::chrono::nanoseconds timeout) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        if (has_thread_) {
+            std::unique_lock lock(state.done_mutex);
+            return state.done_signal.wait_until(lock, deadline, [&] { return state.finished(); });
+        }
+        unsigned idle = 0;
+        while (!state.finished()) {
+            if (progress()) {
+                idle = 0;
+            } else if (++idle % 64 == 0) {
+                if (std::chrono::steady_clock::now() >= deadline) {
+                    return state.finished();
+                }
+                ::sched_yield(); // a shared machine: let the peer run
+            }
+        }
+        return true;
+    }
+
+    // ---- notifications ----
+
+    std::optional<notification> take_notification() {
+        std::lock_guard lock(notification_mutex_);
+        if (notifications_.empty()) {
+            return std::nullopt;
+        }
+        notification next = std::move(notifications_.front());
+        notifications_.pop_front();
+        return next;
+    }
+    result<notification> wait_notification(std::chrono::nanoseconds timeout) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        unsigned idle = 0;
+        for (;;) {
+            if (auto next = take_notification()) {
+                std::lock_guard lock(mutex_);
+                for (const auto& peer : peers_) {
+                    if (peer->id == next->sender) {
+                        next->sender_name = peer->name;
+                        break;
+                    }
+                }
+                return std::move(*next);
+            }
+            if (has_thread_) {
+                std::unique_lock lock(notification_mutex_);
+                if (!notification_signal_.wait_until(lock, deadline, [&] { return !notifications_.empty(); })) {
+                    return timeout_failure(timeout);
+                }
+                continue;
+            }
+            if (progress()) {
+                idle = 0;
+            } else if (++idle % 64 == 0) {
+                if (std::chrono::steady_clock::now() >= deadline) {
+                    return timeout_failure(timeout);
+                }
+                ::sched_yield();
+            }
+        }
+    }
+    std::uint64_t dropped_notifications() const noexcept { return dropped_notifications_.load(); }
+
+    // ---- the progress thread ----
+
+    void run_progress_thread(const std::atomic<bool>& stop) {
+        while (!stop.load(std::memory_order_acquire)) {
+            if (progress()) {
+                continue;
+            }
+            ucs_status_t armed = UCS_OK;
+            {
+                std::lock_guard lock(mutex_);
+                armed = ucp_worker_arm(worker_);
+            }
+            if (armed == UCS_ERR_BUSY) {
+                continue; // events arrived meanwhile
+            }
+            pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+            (void)::poll(fds, 2, armed == UCS_OK ? 100 : 1);
+        }
+    }
+    void wake_thread() noexcept {
+        const std::uint64_t one = 1;
+        (void)!::write(stop_fd_, &one, sizeof one);
+    }
+
+private:
+    struct planned_op {
+        std::uint64_t local = 0;
+        std::uint64_t remote = 0;
+        std::uint64_t length = 0;
+        ucp_mem_h memh = nullptr;
+        ucp_rkey_h key = nullptr;
+    };
+
+    static result<notification> timeout_failure(std::chrono::nanoseconds timeout) {
+        return fail(status_code::busy, "no notification arrived within " +
+                                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                                           " ms");
+    }
+
+    result<void> usable_locked(const peer_record& peer) const {
+        if (peer.closed) {
+            return fail(status_code::invalid_argument, "peer '" + peer.name + "' is disconnected");
+        }
+        if (peer.failed.load(std::memory_order_acquire)) {
+            return fail(status_code::internal_error,
+                        "peer '" + peer.name + "' failed: " + ucx_text(static_cast<ucs_status_t>(peer.failure.load())));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    std::shared_ptr<peer_record> peer_shared_locked(const peer_record& peer) const {
+        for (const auto& candidate : peers_) {
+            if (candidate.get() == &peer) {
+                return candidate;
+            }
+        }
+        return nullptr;
+    }
+
+    registration_record* find_local_locked(std::uint64_t address, std::uint64_t bytes) const noexcept {
+        auto at = std::upper_bound(registrations_.begin(), registrations_.end(), address,
+                                   [](std::uint64_t value, const auto& record) { return value < record->base; });
+        while (at != registrations_.begin()) {
+            --at;
+            if ((*at)->contains(address, bytes)) {
+                return at->get();
+            }
+        }
+        return nullptr;
+    }
+    static const remote_region* find_remote(const peer_record& peer, std::uint64_t address, std::uint64_t bytes) noexcept {
+        auto at = std::upper_bound(peer.regions.begin(), peer.regions.end(), address,
+                                   [](std::uint64_t value, const remote_region& region) { return value < region.base; });
+        while (at != peer.regions.begin()) {
+            --at;
+            if (at->contains(address, bytes)) {
+                return &*at;
+            }
+        }
+        return nullptr;
+    }
+
+    // Checks every block of both lists and plans one op per pair; a run that lies in one
+    // registration (one region) as a whole is checked once.
+    result<void> plan_locked(direction way, const char* verb, const peer_record& peer, const descriptor_list& local,
+                             const descriptor_list& remote, std::vector<planned_op>& ops, transfer_state& state) {
+        std::size_t local_run = 0;
+        std::size_t remote_run = 0;
+        std::uint64_t local_index = 0;
+        std::uint64_t remote_index = 0;
+        const registration_record* run_record = nullptr; // holds the whole current local run
+        const remote_region* run_region = nullptr;        // holds the whole current remote run
+        for (std::uint64_t block = 0; block < local.block_count(); ++block) {
+            const descriptor_run& lr = local.runs()[local_run];
+            const descriptor_run& rr = remote.runs()[remote_run];
+            if (local_index == 0) {
+                run_record = lr.kind == memory_kind::host ? find_local_locked(lr.base, lr.end() - lr.base) : nullptr;
+            }
+            if (remote_index == 0) {
+                run_region = find_remote(peer, rr.base, rr.end() - rr.base);
+            }
+            const descriptor mine = lr.block(local_index);
+            const descriptor theirs = rr.block(remote_index);
+            if (mine.length != theirs.length) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": block " + std::to_string(block) + " is " + std::to_string(mine.length) +
+                                " bytes here and " + std::to_string(theirs.length) + " at the peer");
+            }
+            if (mine.kind != memory_kind::host) {
+                return fail(status_code::unsupported_capability,
+                            std::string(verb) + ": block " + std::to_string(block) + " is device memory; this agent "
+                                                                                       "registers host memory only");
+            }
+            const registration_record* record =
+                run_record != nullptr ? run_record : find_local_locked(mine.address, mine.length);
+            if (record == nullptr) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": local block " + std::to_string(block) + " (" +
+                                std::to_string(mine.length) + " bytes at 0x" + nxmem::detail::to_hex(mine.address) +
+                                ") is not inside one registration of this agent");
+            }
+            if (way == direction::read && !record->local_writable) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": local block " + std::to_string(block) +
+                                " lies in a read-only registration (an import); it cannot receive a read");
+            }
+            const remote_region* region = run_region != nullptr ? run_region : find_remote(peer, theirs.address, theirs.length);
+            if (region == nullptr || region->kind != theirs.kind || region->device != theirs.device) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": remote block " + std::to_string(block) + " (" +
+                                std::to_string(theirs.length) + " bytes at 0x" + nxmem::detail::to_hex(theirs.address) +
+                                ", " + std::string(memory_kind_name(theirs.kind)) + " device " +
+                                std::to_string(theirs.device) + ") is not inside one region peer '" + peer.name +
+                                "' declared");
+            }
+            if (way == direction::write && !region->writable) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": remote block " + std::to_string(block) + " lies in region " +
+                                std::to_string(region->id) + ", which the peer declared read-only");
+            }
+            ops.push_back(planned_op{mine.address, theirs.address, mine.length, record->memh, region->key});
+            pin_locked(state, record);
+            if (++local_index == lr.count) {
+                local_index = 0;
+                ++local_run;
+            }
+            if (++remote_index == rr.count) {
+                remote_index = 0;
+                ++remote_run;
+            }
+        }
+        return boost::outcome_v2::success();
+    }
+
+    void pin_locked(transfer_state& state, const registration_record* record) {
+        for (const auto& pinned : state.pinned) {
+            if (pinned.get() == record) {
+                return;
+            }
+        }
+        for (const auto& candidate : registrations_) {
+            if (candidate.get() == record) {
+                state.pinned.push_back(candidate);
+                return;
+            }
+        }
+    }
+
+    // Counts an issued op: completed now, in flight (its callback will count it), or failed.
+    static bool account_locked(transfer_state& state, ucs_status_ptr_t issued) noexcept {
+        if (issued == nullptr) {
+            return true;
+        }
+        if (UCS_PTR_IS_ERR(issued)) {
+            state.record_error(UCS_PTR_STATUS(issued));
+            return false;
+        }
+        state.outstanding.fetch_add(1, std::memory_order_acq_rel);
+        return true;
+    }
+
+    static void on_op_done(void* request, ucs_status_t status, void* user_data) {
+        auto& state = *static_cast<transfer_state*>(user_data);
+        if (status != UCS_OK) {
+            state.record_error(status);
+        }
+        ucp_request_free(request);
+        release_one_locked(state);
+    }
+
+    // Called under the core's lock (callbacks run inside progress, which holds it).
+    static void release_one_locked(transfer_state& state) noexcept {
+        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+            return;
+        }
+        if (!state.notification.empty() && state.error.load() == UCS_OK) {
+            state.phase.store(transfer_phase::notifying, std::memory_order_release); // sent after progress
+        } else {
+            state.finish();
+        }
+    }
+
+    static void on_peer_failure(void* arg, ucp_ep_h, ucs_status_t status) {
+        auto& peer = *static_cast<peer_record*>(arg);
+        peer.failure.store(status);
+        peer.failed.store(true, std::memory_order_release);
+    }
+
+    static ucs_status_t on_notification(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param) {
+        auto& core = *static_cast<agent_core*>(arg);
+        // A notification is eager data, an agent id in the header, at most max_notification_bytes.
+        if (header_length != sizeof(agent_id) || length > max_notification_bytes ||
+            (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+            core.dropped_notifications_.fetch_add(1);
+            return UCS_OK;
+        }
+        try {
+            notification next;
+            std::memcpy(next.sender.data(), header, sizeof(agent_id));
+            next.message.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+            {
+                std::lock_guard lock(core.notification_mutex_);
+                if (core.notifications_.size() >= max_queued_notifications) {
+                    core.dropped_notifications_.fetch_add(1);
+                    return UCS_OK;
+                }
+                core.notifications_.push_back(std::move(next));
+            }
+            core.notification_signal_.notify_all();
+        } catch (...) {
+            core.dropped_notifications_.fetch_add(1); // out of memory: counted, never thrown into UCX
+        }
+        return UCS_OK;
+    }
+
+    bool progress_locked() {
+        bool any = false;
+        while (ucp_worker_progress(worker_) != 0) {
+            any = true;
+        }
+        return after_progress_locked() || any;
+    }
+
+    // Sends the notifications of transfers whose data is in place, retires finished transfers,
+    // unmaps registrations whose handles went while they were in use, frees finished closes.
+    bool after_progress_locked() {
+        bool any = false;
+        for (std::size_t i = 0; i < active_.size();) {
+            transfer_state& state = *active_[i];
+            if (state.phase.load(std::memory_order_acquire) == transfer_phase::notifying) {
+                send_notification_locked(state);
+                any = true;
+            }
+            if (state.finished()) {
+                active_[i] = std::move(active_.back());
+                active_.pop_back();
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        for (std::size_t i = 0; i < registrations_.size();) {
+            registration_record& record = *registrations_[i];
+            if (record.release_when_idle && record.in_flight.load(std::memory_order_acquire) == 0) {
+                forget_locked(record); // erases it from registrations_
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        for (std::size_t i = 0; i < closing_.size();) {
+            if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+                ucp_request_free(closing_[i]);
+                closing_[i] = closing_.back();
+                closing_.pop_back();
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        return any;
+    }
+
+    void send_notification_locked(transfer_state& state) {
+        state.phase.store(transfer_phase::issuing, std::memory_order_release);
+        state.outstanding.store(1, std::memory_order_release);
+        if (state.peer == nullptr || state.peer->closed || state.peer->failed.load()) {
+            state.record_error(state.peer != nullptr ? static_cast<ucs_status_t>(state.peer->failure.load())
+                                                     : UCS_ERR_NOT_CONNECTED);
+            if (state.error.load() == UCS_OK) {
+                state.record_error(UCS_ERR_NOT_CONNECTED);
+            }
+            state.finish();
+            return;
+        }
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_EAGER;
+        param.cb.send = &agent_core::on_op_done;
+        param.user_data = &state;
+        ucs_status_ptr_t sent = ucp_am_send_nbx(state.peer->endpoint, notification_am_id, id_.data(), id_.size(),
+                                                state.notification.data(), state.notification.size(), &param);
+        if (sent == nullptr) {
+            state.finish();
+            return;
+        }
+        if (UCS_PTR_IS_ERR(sent)) {
+            state.record_error(UCS_PTR_STATUS(sent));
+            state.finish();
+            return;
+        }
+        // outstanding is 1: on_op_done will finish it (the notification is no longer pending).
+        state.notification.clear();
+    }
+
+    void close_peer_locked(peer_record& peer, bool force) noexcept {
+        if (peer.closed) {
+            return;
+        }
+        peer.closed = true;
+        for (remote_region& region : peer.regions) {
+            ucp_rkey_destroy(region.key);
+        }
+        peer.regions.clear();
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = (force || peer.failed.load()) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        ucs_status_ptr_t closing = ucp_ep_close_nbx(peer.endpoint, &param);
+        if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+            try {
+                closing_.push_back(closing);
+            } catch (...) {
+                // Out of memory: wait for this one here instead of tracking it.
+                for (int i = 0; i < 100000 && ucp_request_check_status(closing) == UCS_INPROGRESS; ++i) {
+                    ucp_worker_progress(worker_);
+                }
+                ucp_request_free(closing);
+            }
+        }
+        for (std::size_t i = 0; i < peers_.size(); ++i) {
+            if (peers_[i].get() == &peer) {
+                // The record lives on in the handles and transfers that hold it.
+                peers_[i] = std::move(peers_.back());
+                peers_.pop_back();
+                break;
+            }
+        }
+    }
+
+    // Progresses until every transfer and close has finished, at most `limit`.
+    void drain_locked(std::chrono::nanoseconds limit) {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while ((!active_.empty() || !closing_.empty()) && std::chrono::steady_clock::now() < deadline) {
+            (void)progress_locked();
+        }
+    }
+
+    void unmap_locked(registration_record& record) noexcept {
+        if (record.memh != nullptr) {
+            (void)ucp_mem_unmap(context_, record.memh);
+            record.memh = nullptr;
+        }
+    }
+
+    void forget_locked(registration_record& record) noexcept {
+        unmap_locked(record);
+        record.deregistered = true;
+        record.release_when_idle = false;
+        record.lease.reset();
+        for (std::size_t i = 0; i < registrations_.size(); ++i) {
+            if (registrations_[i].get() == &record) {
+                registrations_.erase(registrations_.begin() + static_cast<std::ptrdiff_t>(i)); // moves, allocates nothing
+                break;
+            }
+        }
+    }
+
+    mutable std::mutex mutex_; // every UCX call on this context and worker
+    ucp_context_h context_ = nullptr;
+    ucp_worker_h worker_ = nullptr;
+    agent_id id_{};
+    std::string name_;
+    bool has_thread_ = false;
+    int event_fd_ = -1; // the worker's (UCX closes it)
+    int stop_fd_ = -1;
+    std::uint64_t next_registration_id_ = 1;
+    std::vector<std::shared_ptr<registration_record>> registrations_; // sorted by base
+    std::vector<std::shared_ptr<peer_record>> peers_;
+    std::vector<std::shared_ptr<transfer_state>> active_;
+    std::vector<void*> closing_; // endpoint closes in flight
+
+    std::mutex notification_mutex_;
+    std::condition_variable notification_signal_;
+    std::deque<notification> notifications_;
+    std::atomic<std::uint64_t> dropped_notifications_{0};
+};
+
+} // namespace detail
+
+// Local memory registered with UCX. Move-only; deregisters when destroyed (at once, or as soon as
+// the transfers using it are done). While it lives, what it registered stays where it is: a
+// plugin allocation cannot be released (BUSY), an import cannot be closed (BUSY), and the
+// module's tally counts a registration, so the plugin cannot unload.
+class registration {
+public:
+    registration() = default;
+    registration(registration&&) noexcept = default;
+    registration& operator=(registration&& other) noexcept {
+        if (this != &other) {
+            abandon();
+            core_ = std::move(other.core_);
+            record_ = std::move(other.record_);
+        }
+        return *this;
+    }
+    ~registration() { abandon(); }
+
+    explicit operator bool() const noexcept { return record_ != nullptr && !record_->deregistered; }
+    std::uint64_t id() const noexcept { return record_->id; }
+    std::uint64_t base() const noexcept { return record_->base; }
+    std::uint64_t length() const noexcept { return record_->length; }
+    memory_kind kind() const noexcept { return record_->kind; }
+    std::uint32_t device() const noexcept { return record_->device; }
+    // The packed remote key (what export_regions sends for it).
+    std::span<const std::byte> packed_key() const noexcept { return record_->packed_key; }
+
+    // A descriptor of `length` bytes at `offset` into the registration: no UCX call, only a check
+    // that the range lies inside.
+    result<descriptor> describe(std::uint64_t offset, std::uint64_t length) const {
+        if (length == 0 || offset > record_->length || length > record_->length - offset) {
+            return fail(status_code::invalid_argument,
+                        "describe: " + std::to_string(length) + " bytes at offset " + std::to_string(offset) +
+                            " lie outside registration " + std::to_string(record_->id) + " (" +
+                            std::to_string(record_->length) + " bytes)");
+        }
+        return descriptor{record_->base + offset, length, record_->device, record_->kind};
+    }
+
+    // BUSY while transfers use it (nothing changes); afterwards the handle is empty.
+    result<void> deregister() {
+        if (record_ == nullptr) {
+            return boost::outcome_v2::success();
+        }
+        NXMEM_TRY_VOID(core_->deregister(*record_));
+        record_.reset();
+        core_.reset();
+        return boost::outcome_v2::success();
+    }
+
+private:
+    friend class agent;
+    registration(std::shared_ptr<detail::agent_core> core, std::shared_ptr<detail::registration_record> record)
+        : core_(std::move(core)), record_(std::move(record)) {}
+    void abandon() noexcept {
+        if (record_ != nullptr) {
+            core_->abandon(*record_);
+            record_.reset();
+            core_.reset();
+        }
+    }
+    std::shared_ptr<detail::agent_core> core_;
+    std::shared_ptr<detail::registration_record> record_;
+};
+
+// A remote agent this one is connected to, and the regions it declared.
+class peer {
+public:
+    peer() = default;
+    peer(peer&&) noexcept = default;
+    peer& operator=(peer&& other) noexcept {
+        if (this != &other) {
+            disconnect(false);
+            core_ = std::move(other.core_);
+            record_ = std::move(other.record_);
+        }
+        return *this;
+    }
+    ~peer() { disconnect(false); }
+
+    explicit operator bool() const noexcept { return record_ != nullptr; }
+    const std::string& name() const noexcept { return record_->name; }
+    const agent_id& id() const noexcept { return record_->id; }
+    // The peer's endpoint failed (it died, or the network did): every transfer with it fails.
+    bool failed() const noexcept { return record_->failed.load(std::memory_order_acquire); }
+
+    // Takes the peer's region list (its export_regions bytes), replacing any loaded before.
+    // Untrusted input: refused whole, naming the fault, unless every region is well formed, the
+    // list is this peer's, and UCX accepts every key.
+    result<void> load_regions(std::span<const std::byte> blob) { return core_->load_regions(*record_, blob); }
+
+    // Closes the endpoint; transfers in flight with it fail. `force` does not wait for the
+    // peer's acknowledgement (use it for a peer that is gone).
+    void disconnect(bool force = false) noexcept {
+        if (record_ != nullptr) {
+            core_->close_peer(*record_, force);
+            record_.reset();
+            core_.reset();
+        }
+    }
+
+private:
+    friend class agent;
+    peer(std::shared_ptr<detail::agent_core> core, std::shared_ptr<detail::peer_record> record)
+        : core_(std::move(core)), record_(std::move(record)) {}
+    std::shared_ptr<detail::agent_core> core_;
+    std::shared_ptr<detail::peer_record> record_;
+};
+
+// A read or write in flight. Dropping the handle does not cancel it (the agent finishes it).
+class transfer_request {
+public:
+    transfer_request() = default;
+
+    // Progresses once (unless the agent has its own thread) and says where the transfer is.
+    transfer_status poll() {
+        if (!state_->finished() && !core_->has_thread()) {
+            (void)core_->progress();
+        }
+        return status();
+    }
+    transfer_status status() const noexcept {
+        if (!state_->finished()) {
+            return transfer_status::in_progress;
+        }
+        return state_->error.load() == UCS_OK ? transfer_status::done : transfer_status::failed;
+    }
+    // Success once every block is in place (and the notification sent); the transfer's failure;
+    // or BUSY when `timeout` passed first (the transfer goes on: wait again, or disconnect).
+    result<void> wait(std::chrono::nanoseconds timeout) {
+        if (!core_->wait(*state_, timeout)) {
+            return fail(status_code::busy, "transfer of " + std::to_string(state_->blocks) +
+                                               " block(s) still in flight after " +
+                                               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                                               " ms");
+        }
+        return outcome();
+    }
+    // The outcome of a finished transfer.
+    result<void> outcome() const {
+        const auto failure = static_cast<ucs_status_t>(state_->error.load());
+        if (failure == UCS_OK) {
+            return boost::outcome_v2::success();
+        }
+        return fail(status_code::internal_error,
+                    "transfer of " + std::to_string(state_->blocks) + " block(s) failed: " + detail::ucx_text(failure) +
+                        (state_->peer != nullptr && state_->peer->failed.load() ? " (peer '" + state_->peer->name + "' failed)" : ""));
+    }
+    std::uint64_t blocks() const noexcept { return state_->blocks; }
+    std::uint64_t bytes() const noexcept { return state_->bytes; }
+
+private:
+    friend class agent;
+    transfer_request(std::shared_ptr<detail::agent_core> core, std::shared_ptr<detail::transfer_state> state)
+        : core_(std::move(core)), state_(std::move(state)) {}
+    std::shared_ptr<detail::agent_core> core_;
+    std::shared_ptr<detail::transfer_state> state_;
+};
+
+class agent {
+public:
+    static result<agent> start(const agent_options& options = {}) {
+        NXMEM_TRY(core, detail::agent_core::start(options));
+        agent made(std::move(core));
+        if (options.progress_thread) {
+            try {
+                made.thread_ = std::make_unique<progress_thread>();
+                detail::agent_core* raw = made.core_.get();
+                progress_thread* own = made.thread_.get();
+                own->thread = std::thread([raw, own] { raw->run_progress_thread(own->stop); });
+            } catch (const std::system_error& failure) {
+                return fail(status_code::internal_error, std::string("cannot start the progress thread: ") + failure.what());
+            }
+        }
+        return made;
+    }
+
+    agent(agent&&) noexcept = default;
+    agent& operator=(agent&& other) noexcept {
+        if (this != &other) {
+            stop_thread();
+            core_ = std::move(other.core_);
+            thread_ = std::move(other.thread_);
+        }
+        return *this;
+    }
+    ~agent() { stop_thread(); }
+
+    const agent_id& id() const noexcept { return core_->id(); }
+    const std::string& name() const noexcept { return core_->name(); }
+
+    // What a peer needs to connect: this agent's id, name and UCX worker address.
+    result<std::vector<std::byte>> metadata() { return core_->metadata(); }
+    // Connects to the agent whose metadata this is (untrusted input: checked before UCX sees it).
+    result<peer> connect(std::span<const std::byte> metadata) {
+        NXMEM_TRY(record, core_->connect(metadata));
+        return peer(core_, std::move(record));
+    }
+
+    // ---- registration ----
+
+    // A live allocation of a plugin allocator of host memory, whole; leases it.
+    result<registration> register_allocation(const host::plugin_allocator<cpu_device>& allocator,
+                                             const allocation<cpu_device>& live) {
+        NXMEM_TRY(lease, allocator.lease(live));
+        return register_leased(reinterpret_cast<std::uint64_t>(live.address), live.size, true, true, std::move(lease));
+    }
+    // A shared prefix's mapping: the first prefix.size bytes of the allocation it is committed in
+    // (the prefix's own pages); leases the allocation.
+    result<registration> register_prefix_mapping(const host::plugin_allocator<cpu_device>& allocator,
+                                                 const allocation<cpu_device>& live,
+                                                 const host::shared_prefix& prefix) {
+        if (prefix.size == 0 || prefix.size > live.size) {
+            return fail(status_code::invalid_argument, "register_prefix_mapping: a prefix of " +
+                                                           std::to_string(prefix.size) + " bytes in an allocation of " +
+                                                           std::to_string(live.size));
+        }
+        NXMEM_TRY(lease, allocator.lease(live));
+        return register_leased(reinterpret_cast<std::uint64_t>(live.address), prefix.size, true, true, std::move(lease));
+    }
+    // An import from another process (an allocation, mapped whole); leases it. A read-only import
+    // is registered read-only: peers may read it, nothing is read into it.
+    result<registration> register_import(const host::imported_memory<cpu_device>& imported) {
+        NXMEM_TRY(lease, imported.lease());
+        const bool writable = imported.access() == NXMEM_IPC_READ_WRITE;
+        return register_leased(reinterpret_cast<std::uint64_t>(imported.address()), imported.size(), writable, writable,
+                               std::move(lease));
+    }
+    // Memory the engine owns and keeps in place itself (a pool's chunk, a buffer of its own):
+    // no lease is taken; keeping it mapped while registered is the caller's promise.
+    result<registration> register_memory(void* address, std::uint64_t length) {
+        return register_leased(reinterpret_cast<std::uint64_t>(address), length, true, true, {});
+    }
+
+    // Registrations now live (deregistered ones whose transfers are still in flight included).
+    std::size_t registration_count() const { return core_->registration_count(); }
+
+    // The region list a peer loads (peer::load_regions): these registrations with their keys.
+    result<std::vector<std::byte>> export_regions(std::span<const registration* const> registrations) {
+        std::vector<const detail::registration_record*> records;
+        records.reserve(registrations.size());
+        for (const registration* each : registrations) {
+            if (each == nullptr || !*each) {
+                return fail(status_code::invalid_argument, "export_regions: an empty registration handle");
+            }
+            records.push_back(each->record_.get());
+        }
+        return core_->export_regions(records);
+    }
+    result<std::vector<std::byte>> export_regions(std::initializer_list<const registration*> registrations) {
+        return export_regions(std::span<const registration* const>(registrations.begin(), registrations.size()));
+    }
+
+    // ---- transfers ----
+
+    // Copies the peer's `remote` blocks into the local `local` blocks, pairwise (equal lengths).
+    // Every block is checked first: local ones inside this agent's registrations, remote ones
+    // inside regions the peer declared; nothing is issued unless all pass. A non-empty
+    // `notification` is delivered to the peer once the data is in place.
+    result<transfer_request> read(const peer& from, const descriptor_list& local, const descriptor_list& remote,
+                                  std::span<const std::byte> notification = {}) {
+        return submit(detail::agent_core::direction::read, from, local, remote, notification);
+    }
+    // Copies local blocks into the peer's; the notification follows the data (after a flush).
+    result<transfer_request> write(const peer& to, const descriptor_list& local, const descriptor_list& remote,
+                                   std::span<const std::byte> notification = {}) {
+        return submit(detail::agent_core::direction::write, to, local, remote, notification);
+    }
+
+    // ---- progress and notifications ----
+
+    // Progresses UCX once (for callers without a progress thread); true if anything happened.
+    bool progress() { return core_->progress(); }
+    std::optional<notification> take_notification() { return core_->take_notification(); }
+    result<notification> wait_notification(std::chrono::nanoseconds timeout) { return core_->wait_notification(timeout); }
+    // Notifications refused as malformed (or while the queue was full).
+    std::uint64_t dropped_notifications() const noexcept { return core_->dropped_notifications(); }
+
+private:
+    struct progress_thread {
+        std::atomic<bool> stop{false};
+        std::thread thread;
+    };
+
+    explicit agent(std::shared_ptr<detail::agent_core> core) : core_(std::move(core)) {}
+
+    result<registration> register_leased(std::uint64_t base, std::uint64_t length, bool remote_writable,
+                                         bool local_writable, host::registration_lease lease) {
+        NXMEM_TRY(record, core_->register_region(detail::agent_core::region_request{
+                              base, length, remote_writable, local_writable, std::move(lease)}));
+        return registration(core_, std::move(record));
+    }
+
+    result<transfer_request> submit(detail::agent_core::direction way, const peer& with, const descriptor_list& local,
+                                    const descriptor_list& remote, std::span<const std::byte> notification) {
+        if (!with || with.core_ != core_) {
+            return fail(status_code::invalid_argument, "transfer: the peer is not connected to this agent");
+        }
+        NXMEM_TRY(state, core_->submit(way, *with.record_, local, remote, notification));
+        return transfer_request(core_, std::move(state));
+    }
+
+    void stop_thread() noexcept {
+        if (thread_ != nullptr) {
+            thread_->stop.store(true, std::memory_order_release);
+            core_->wake_thread();
+            thread_->thread.join();
+            thread_.reset();
+        }
+    }
+
+    std::shared_ptr<detail::agent_core> core_;
+    std::unique_ptr<progress_thread> thread_;
+};
+
+} // namespace nxmem::transfer
