@@ -331,7 +331,18 @@ public:
         params.err_handler.arg = peer.get();
         std::lock_guard lock(mutex_);
         peers_.reserve(peers_.size() + 1);
-        const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->endpoint);
+        ucs_status_t status = no_failure_detection_ ? UCS_ERR_UNREACHABLE
+                                                    : ucp_ep_create(worker_, &params, &peer->endpoint);
+        if (status == UCS_ERR_UNREACHABLE) {
+            // UCX 1.13's shared-memory transports (posix, sysv, cma) cannot report a peer's death:
+            // connect without it. A transfer with a dead peer then ends only by the caller's
+            // timeout and a forced disconnect (docs/TRANSFER.md, "When a peer dies").
+            params.field_mask &= ~static_cast<std::uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+            params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+            status = ucp_ep_create(worker_, &params, &peer->endpoint);
+            peer->detects_failure = false;
+            no_failure_detection_ = status == UCS_OK; // the transports stay what they are: ask once
+        }
         if (status != UCS_OK) {
             peer->endpoint = nullptr;
             return fail(status_code::invalid_argument,
@@ -952,6 +963,7 @@ private:
     agent_id id_{};
     std::string name_;
     bool has_thread_ = false;
+    bool no_failure_detection_ = false; // under mutex_
     int event_fd_ = -1; // the worker's (UCX closes it)
     int stop_fd_ = -1;
     std::uint64_t next_registration_id_ = 1;
@@ -1053,6 +1065,9 @@ public:
     const agent_id& id() const noexcept { return record_->id; }
     // The peer's endpoint failed (it died, or the network did): every transfer with it fails.
     bool failed() const noexcept { return record_->failed.load(std::memory_order_acquire); }
+    // Whether UCX reports this peer's death (false over shared memory alone, UCX 1.13): without
+    // it a transfer with a dead peer ends by the caller's timeout and disconnect(true).
+    bool detects_failure() const noexcept { return record_->detects_failure; }
 
     // Takes the peer's region list (its export_regions bytes), replacing any loaded before.
     // Untrusted input: refused whole, naming the fault, unless every region is well formed, the
@@ -1239,7 +1254,8 @@ public:
 
     // ---- progress and notifications ----
 
-    // Progresses UCX once (for callers without a progress thread); true if anything happened.
+    // Progresses UCX until it is idle (for callers without a progress thread); true if anything
+    // happened.
     bool progress() { return core_->progress(); }
     std::optional<notification> take_notification() { return core_->take_notification(); }
     result<notification> wait_notification(std::chrono::nanoseconds timeout) { return core_->wait_notification(timeout); }

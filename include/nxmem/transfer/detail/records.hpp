@@ -70,6 +70,7 @@ struct peer_record {
     std::atomic<bool> failed{false};
     std::atomic<int> failure{UCS_OK}; // the status UCX reported when it failed
     bool closed = false;              // under the core's lock
+    bool detects_failure = true;      // UCX reports its death (not over shared memory alone)
     std::vector<remote_region> regions; // under the core's lock
 };
 
