@@ -477,6 +477,7 @@ public:
             record->in_flight.fetch_add(1, std::memory_order_acq_rel);
         }
         active_.reserve(active_.size() + 1);
+        abandoned_.reserve(abandoned_.size() + active_.size() + 1); // close_peer_locked never allocates
         active_.push_back(state);
 
         ucp_request_param_t param{};
@@ -771,7 +772,7 @@ private:
 
     // Called under the core's lock (callbacks run inside progress, which holds it).
     static void release_one_locked(transfer_state& state) noexcept {
-        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1 || state.abandoned.load()) {
             return;
         }
         if (!state.notification.empty() && state.error.load() == UCS_OK) {
@@ -900,6 +901,23 @@ private:
             return;
         }
         peer.closed = true;
+        if (!peer.detects_failure) {
+            // UCX cannot purge this endpoint's requests (no failure handling over shared memory):
+            // its transfers in flight fail now, and their records stay until the worker goes.
+            for (std::size_t i = 0; i < active_.size();) {
+                transfer_state& state = *active_[i];
+                if (state.peer.get() == &peer && !state.finished()) {
+                    state.abandoned.store(true);
+                    state.record_error(UCS_ERR_CANCELED);
+                    state.finish();
+                    abandoned_.push_back(std::move(active_[i])); // reserved when submitted
+                    active_[i] = std::move(active_.back());
+                    active_.pop_back();
+                    continue;
+                }
+                ++i;
+            }
+        }
         for (remote_region& region : peer.regions) {
             ucp_rkey_destroy(region.key);
         }
@@ -970,6 +988,7 @@ private:
     std::vector<std::shared_ptr<registration_record>> registrations_; // sorted by base
     std::vector<std::shared_ptr<peer_record>> peers_;
     std::vector<std::shared_ptr<transfer_state>> active_;
+    std::vector<std::shared_ptr<transfer_state>> abandoned_; // kept until the worker is destroyed
     std::vector<void*> closing_; // endpoint closes in flight
 
     std::mutex notification_mutex_;

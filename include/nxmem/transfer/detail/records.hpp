@@ -80,6 +80,9 @@ struct transfer_state {
     std::atomic<std::uint32_t> outstanding{1}; // the issuing pass holds one until it has issued all
     std::atomic<int> error{UCS_OK};           // the first failure
     std::atomic<transfer_phase> phase{transfer_phase::issuing};
+    // Finished by a forced disconnect of a peer whose death UCX cannot report: UCX may still
+    // hold its requests, so the record outlives them (the core keeps it until the worker goes).
+    std::atomic<bool> abandoned{false};
     std::vector<std::shared_ptr<registration_record>> pinned; // each counted in its in_flight
     std::shared_ptr<peer_record> peer;
     std::vector<std::byte> notification; // sent once the data is in place, when not empty
@@ -95,6 +98,9 @@ struct transfer_state {
     bool finished() const noexcept { return phase.load(std::memory_order_acquire) == transfer_phase::done; }
     // Called once, under the core's lock: drops the pins and wakes waiters (allocates nothing).
     void finish() noexcept {
+        if (finished()) {
+            return;
+        }
         for (auto& record : pinned) {
             record->in_flight.fetch_sub(1, std::memory_order_acq_rel);
         }
