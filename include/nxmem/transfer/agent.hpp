@@ -434,6 +434,16 @@ public:
         return boost::outcome_v2::success();
     }
 
+    std::vector<descriptor> regions_of(const peer_record& peer) const {
+        std::lock_guard lock(mutex_);
+        std::vector<descriptor> regions;
+        regions.reserve(peer.regions.size());
+        for (const remote_region& region : peer.regions) {
+            regions.push_back(descriptor{region.base, region.length, region.device, region.kind});
+        }
+        return regions;
+    }
+
     void close_peer(peer_record& peer, bool force) noexcept {
         std::lock_guard lock(mutex_);
         close_peer_locked(peer, force);
@@ -1092,6 +1102,8 @@ public:
     // Untrusted input: refused whole, naming the fault, unless every region is well formed, the
     // list is this peer's, and UCX accepts every key.
     result<void> load_regions(std::span<const std::byte> blob) { return core_->load_regions(*record_, blob); }
+    // The regions loaded, in address order (each as one descriptor of its whole range).
+    std::vector<descriptor> regions() const { return core_->regions_of(*record_); }
 
     // Closes the endpoint; transfers in flight with it fail. `force` does not wait for the
     // peer's acknowledgement (use it for a peer that is gone).
