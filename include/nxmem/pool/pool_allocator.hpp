@@ -25,7 +25,9 @@
 #include <nxmem/pool/detail/pooled_id.hpp>
 #include <nxmem/pool/detail/span_cache.hpp>
 #include <nxmem/pool/detail/stable_directory.hpp>
+#include <nxmem/pool/pool_lease.hpp>
 #include <nxmem/pool/pool_options.hpp>
+#include <nxmem/pool/pool_region.hpp>
 #include <nxmem/pool/pool_usage.hpp>
 #include <nxmem/pool/size_classes.hpp>
 #include <nxmem/pool/virtual_upstream.hpp>
@@ -174,7 +176,41 @@ public:
     // are back in the free lists: the committed granules of free arena pieces, idle span
     // segments, then chunks with no block in use) until at most keep_bytes are idle or nothing
     // idle is left to give; free blocks of slabs still in use stay. Returns the bytes given back.
+    // 0 while a lease is held (lease()).
     std::uint64_t trim(std::uint64_t keep_bytes = 0) {
+        if (!lease_gate_.begin_give_back()) {
+            return 0;
+        }
+        const std::uint64_t given = trim_unleased(keep_bytes);
+        lease_gate_.end_give_back();
+        return given;
+    }
+
+    // The regions the pool holds from its upstream now (pool/pool_region.hpp): visit(const
+    // pool_region&) for each, with the pool's records held (it must not call into the pool).
+    // Growing by commit: the reservation (everything the pool commits lies inside it). Growing by
+    // allocation: each chunk of small blocks. (The smallest hook for the transfer layer; the
+    // `layers` branch lists every region kind.)
+    template <class Visit> void for_each_region(Visit&& visit) const {
+        std::lock_guard lock(pool_mutex_);
+        if (reservation_.has_value()) {
+            visit(pool_region{device_type::to_wire(reservation_->address), reservation_->size,
+                              pool_region_kind::reservation, false});
+            return;
+        }
+        for (std::uint64_t slot = 0; slot < next_chunk_; ++slot) {
+            if (chunks_[slot].in_use) {
+                visit(pool_region{chunks_[slot].base, chunk_bytes_, pool_region_kind::chunk, true});
+            }
+        }
+    }
+    // While the lease lives the pool gives nothing back and decommits nothing (trim, the
+    // retention limit and reclaim give 0), so the regions listed keep their memory and
+    // addresses (pool/pool_lease.hpp). It must end before the pool.
+    pool_lease lease() noexcept { return pool_lease(lease_gate_); }
+
+private:
+    std::uint64_t trim_unleased(std::uint64_t keep_bytes) {
         flush_span_caches(); // parked pieces are idle: back to the free lists, merged, first
         const pool_usage now = usage();
         if (now.idle_bytes <= keep_bytes) {
@@ -193,6 +229,7 @@ public:
         return given;
     }
 
+public:
     pool_usage usage() const {
         pool_usage totals;
         std::uint64_t handed_out = 0;
@@ -1757,7 +1794,8 @@ private:
 
     // The pool's own lists, behind pool_mutex_ (never held across an upstream call; taken after
     // a shard lock, never before one).
-    std::mutex pool_mutex_;
+    mutable std::mutex pool_mutex_;
+    pool_detail::lease_gate lease_gate_; // lease(): trim gives nothing back while one is held
     slab_directory slabs_;
     span_directory spans_;
     chunk_directory chunks_;
