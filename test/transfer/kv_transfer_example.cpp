@@ -1,5 +1,6 @@
 // The example that is a test (docs/TRANSFER.md, "Prefill and decode"): a prefill process fills
-// KV blocks in posix-lazy memory and a shared prefix, registers both with a transfer agent and
+// KV blocks in a pool over posix-lazy and a shared prefix, registers both with a transfer agent (the
+// pool once, its reservation) and
 // sends its metadata, its regions and the descriptors of the blocks a sequence needs; a decode
 // process pulls a strided set of the blocks and the prefix into its own memory, checks every
 // byte, and notifies the prefill, which waits for both notifications. Each then deregisters,
@@ -109,12 +110,11 @@ int run_prefill(const mode& chosen, int socket) {
     auto module = take(role, host::plugin_module::load(std::getenv("NXMEM_POSIX_PLUGIN")), "load");
     {
         auto lazy = take(role, host::open_allocator<cpu_device>(module, "posix-lazy"), "open posix-lazy");
-        auto backing = take(role, lazy.virtual_backing(), "virtual backing");
         auto mapping = take(role, lazy.shared_mapping(), "shared mapping");
-        // The KV blocks, committed and written.
+        // The KV blocks: one span of a pool over posix-lazy, each block an offset into it.
+        auto pool = take(role, host::open_pooled_allocator<cpu_device>(module, "posix-lazy"), "open a pool");
         const std::uint64_t arena_bytes = chosen.kill ? big_bytes : kv_bytes;
-        const allocation<cpu_device> kv = take(role, lazy.allocate(arena_bytes, 4096), "allocate the KV blocks");
-        take(role, backing.commit(kv, {0, arena_bytes}), "commit");
+        const allocation<cpu_device> kv = take(role, pool->allocate(arena_bytes, 4096), "allocate the KV blocks");
         auto* bytes = static_cast<std::uint8_t*>(kv.address);
         for (std::uint64_t b = 0; b < block_count; ++b) {
             for (std::uint64_t i = 0; i < block_bytes; ++i) {
@@ -130,18 +130,28 @@ int run_prefill(const mode& chosen, int socket) {
         }
 
         auto agent = take(role, transfer::agent::start({"prefill", chosen.transports, true}), "start the agent");
-        auto kv_registration = take(role, agent.register_allocation(lazy, kv), "register the KV blocks");
+        // The pool is registered once (its reservation); the KV span lies inside.
+        auto pool_registrations = take(role, agent.register_pool(pool), "register the pool");
+        if (pool_registrations.size() != 1) {
+            die(role, "a pool growing by commit registered " + std::to_string(pool_registrations.size()) + " regions");
+        }
+        transfer::registration& kv_registration = pool_registrations.front();
+        const std::uint64_t kv_base = transfer::describe(kv).address;
         auto prefix_registration =
             take(role, agent.register_prefix_mapping(lazy, sequence, prefix), "register the prefix mapping");
-        // While registered, the memory stays: a release is refused.
-        if (lazy.release(kv).has_value()) {
+        // While registered, the memory stays: a release of the prefix's allocation is refused,
+        // and the pool gives nothing back.
+        if (lazy.release(sequence).has_value()) {
             die(role, "a registered allocation was released");
+        }
+        if (pool->trim(0) != 0) {
+            die(role, "a registered pool gave memory back");
         }
 
         // What the decode needs: who we are, what it may touch, and which blocks it wants
         // (every other block from block 1: 1, 3, 5, ... 31; and the whole prefix).
         transfer::descriptor_list wanted;
-        take(role, wanted.add(transfer::strided_descriptor{kv_registration.base() + block_bytes, block_bytes,
+        take(role, wanted.add(transfer::strided_descriptor{kv_base + block_bytes, block_bytes,
                                                            2 * block_bytes, 16}),
              "describe the blocks");
         take(role, wanted.add(take(role, prefix_registration.describe(0, prefix_bytes), "describe the prefix")),
@@ -150,7 +160,7 @@ int run_prefill(const mode& chosen, int socket) {
         send_message(role, socket, take(role, agent.export_regions({&kv_registration, &prefix_registration}), "regions"));
         if (chosen.kill) {
             transfer::descriptor_list everything;
-            take(role, everything.add(take(role, kv_registration.describe(0, big_bytes), "describe")), "describe");
+            take(role, everything.add(transfer::describe(kv)), "describe");
             send_message(role, socket, everything.serialise());
             // Wait to be killed, progressing (the agent's thread serves the read).
             (void)receive_message(role, socket);
@@ -171,7 +181,7 @@ int run_prefill(const mode& chosen, int socket) {
         }
         take(role, kv_registration.deregister(), "deregister");
         take(role, prefix_registration.deregister(), "deregister");
-        take(role, lazy.release(kv), "release the KV blocks");
+        take(role, pool->release(kv), "release the KV blocks");
         take(role, lazy.release(sequence), "release the sequence");
         take(role, mapping.release_prefix(prefix), "release the prefix");
     }
@@ -187,23 +197,24 @@ int run_decode(const mode& chosen, int socket, int control) {
     const std::string role = "decode";
     auto module = take(role, host::plugin_module::load(std::getenv("NXMEM_POSIX_PLUGIN")), "load");
     {
-        auto lazy = take(role, host::open_allocator<cpu_device>(module, "posix-lazy"), "open posix-lazy");
-        auto backing = take(role, lazy.virtual_backing(), "virtual backing");
         auto agent = take(role, transfer::agent::start({"decode", chosen.transports, false}), "start the agent");
         auto prefill = take(role, agent.connect(receive_message(role, socket)), "connect");
         take(role, prefill.load_regions(receive_message(role, socket)), "load the regions");
         const transfer::descriptor_list remote =
             take(role, transfer::descriptor_list::parse(receive_message(role, socket)), "parse the descriptors");
 
+        // The decode's own pool, registered once; what it pulls lands in one span of it.
+        auto pool = take(role, host::open_pooled_allocator<cpu_device>(module, "posix-lazy"), "open a pool");
         const std::uint64_t local_bytes = remote.total_bytes();
-        const allocation<cpu_device> mine = take(role, lazy.allocate(local_bytes, 4096), "allocate");
-        take(role, backing.commit(mine, {0, local_bytes}), "commit");
+        const allocation<cpu_device> mine = take(role, pool->allocate(local_bytes, 4096), "allocate");
         std::memset(mine.address, 0, local_bytes);
-        auto registered = take(role, agent.register_allocation(lazy, mine), "register");
+        auto pool_registrations = take(role, agent.register_pool(pool), "register the pool");
+        transfer::registration& registered = pool_registrations.front();
+        const std::uint64_t mine_base = transfer::describe(mine).address;
 
         if (chosen.kill) {
             transfer::descriptor_list local;
-            take(role, local.add(take(role, registered.describe(0, big_bytes), "describe")), "describe");
+            take(role, local.add(transfer::describe(mine)), "describe");
             auto read = take(role, agent.read(prefill, local, remote), "read");
             const char go = 'k';
             if (::write(control, &go, 1) != 1 || ::read(control, const_cast<char*>(&go), 1) != 1) {
@@ -248,16 +259,15 @@ int run_decode(const mode& chosen, int socket, int control) {
             }
             prefill.disconnect(true);
             take(role, registered.deregister(), "deregister after the peer died");
-            take(role, lazy.release(mine), "release after the peer died");
-            const allocator_usage usage = take(role, lazy.query_usage(), "usage");
-            if (usage.live_allocations != 0) {
-                die(role, "allocations left after the peer died");
+            take(role, pool->release(mine), "release after the peer died");
+            if (pool->usage().live_allocations != 0 || pool->trim(0) == 0) {
+                die(role, "allocations left, or the pool still leased, after the peer died");
             }
         } else {
             // The strided blocks, then the prefix: two reads, each notifying the prefill.
             const std::uint64_t kv_wanted = remote.runs()[0].count * block_bytes;
             transfer::descriptor_list kv_local;
-            take(role, kv_local.add(transfer::strided_descriptor{registered.base(), block_bytes, block_bytes,
+            take(role, kv_local.add(transfer::strided_descriptor{mine_base, block_bytes, block_bytes,
                                                                  remote.runs()[0].count}),
                  "describe");
             transfer::descriptor_list kv_remote;
@@ -266,7 +276,7 @@ int run_decode(const mode& chosen, int socket, int control) {
                  "describe");
             auto kv_read = take(role, agent.read(prefill, kv_local, kv_remote, text("kv blocks arrived")), "read");
             transfer::descriptor_list prefix_local;
-            take(role, prefix_local.add(take(role, registered.describe(kv_wanted, prefix_bytes), "describe")), "describe");
+            take(role, prefix_local.add(transfer::descriptor{mine_base + kv_wanted, prefix_bytes}), "describe");
             transfer::descriptor_list prefix_remote;
             take(role, prefix_remote.add(remote.runs()[1].block(0)), "describe");
             auto prefix_read =
@@ -293,7 +303,7 @@ int run_decode(const mode& chosen, int socket, int control) {
             prefill.disconnect();
             send_message(role, socket, text("checked"));
             take(role, registered.deregister(), "deregister");
-            take(role, lazy.release(mine), "release");
+            take(role, pool->release(mine), "release");
             std::printf("decode: %llu blocks (every other one) and the prefix pulled, every byte checked\n",
                         static_cast<unsigned long long>(remote.runs()[0].count));
         }

@@ -5,6 +5,7 @@
 #include "../posix/posix_support.hpp"
 
 #include <nxmem/host/ipc_view.hpp>
+#include <nxmem/host/pooled_allocator.hpp>
 #include <nxmem/transfer.hpp>
 
 #include <cstdlib>
@@ -414,4 +415,53 @@ TEST_CASE("a registration leases the plugin memory it registers: release, close 
     }
     CHECK(agent.registration_count() == 0);
     CHECK(value_or_fail(module->readiness()).host.registrations == 0);
+}
+
+TEST_CASE("a pool is registered once, its allocations are described without UCX, and its lease stops trim") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent agent = value_or_fail(transfer::agent::start({"pooler", transports(), true}));
+    transfer::agent reader = value_or_fail(transfer::agent::start({"reader", transports(), false}));
+    auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-lazy"));
+    REQUIRE(pool->grows_by_commit());
+    {
+        std::vector<transfer::registration> registered = value_or_fail(agent.register_pool(pool));
+        REQUIRE(registered.size() == 1); // the one reservation
+        CHECK(agent.registration_count() == 1);
+        // KV blocks allocated after the registration lie inside it.
+        std::vector<allocation<cpu_device>> blocks;
+        for (int i = 0; i < 8; ++i) {
+            blocks.push_back(value_or_fail(pool->allocate(64 * 1024, 4096)));
+            std::memset(blocks.back().address, 0x30 + i, 64 * 1024);
+        }
+        CHECK(agent.registration_count() == 1);
+        // The lease: trim gives nothing back while registered.
+        REQUIRE(pool->release(blocks.back()).has_value());
+        blocks.pop_back();
+        CHECK(pool->trim(0) == 0);
+
+        std::vector<std::uint8_t> landing(7 * 64 * 1024);
+        transfer::registration mine = value_or_fail(reader.register_memory(landing.data(), landing.size()));
+        transfer::peer pooler = value_or_fail(reader.connect(value_or_fail(agent.metadata())));
+        std::vector<const transfer::registration*> exported;
+        for (const auto& each : registered) {
+            exported.push_back(&each);
+        }
+        REQUIRE(pooler.load_regions(value_or_fail(agent.export_regions(exported))).has_value());
+        descriptor_list remote;
+        for (const auto& block : blocks) {
+            REQUIRE(remote.add(transfer::describe(block)).has_value());
+        }
+        const descriptor_list local = list_of(strided_descriptor{mine.base(), 64 * 1024, 64 * 1024, 7});
+        transfer::transfer_request read = value_or_fail(reader.read(pooler, local, remote));
+        REQUIRE(read.wait(30s).has_value());
+        for (int i = 0; i < 7; ++i) {
+            CHECK(landing[static_cast<std::size_t>(i) * 64 * 1024 + 100] == 0x30 + i);
+        }
+        for (const auto& block : blocks) {
+            REQUIRE(pool->release(block).has_value());
+        }
+    }
+    // Deregistered (the handles went): the lease ended, trim gives the idle memory back.
+    CHECK(agent.registration_count() == 0);
+    CHECK(pool->trim(0) > 0);
 }

@@ -12,6 +12,8 @@
 #include <nxmem/host/ipc_view.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
 #include <nxmem/host/shared_prefix.hpp>
+#include <nxmem/pool/pool_lease.hpp>
+#include <nxmem/pool/pool_region.hpp>
 #include <nxmem/transfer/descriptor.hpp>
 #include <nxmem/transfer/detail/packed_key.hpp>
 #include <nxmem/transfer/detail/records.hpp>
@@ -977,6 +979,7 @@ private:
         record.deregistered = true;
         record.release_when_idle = false;
         record.lease.reset();
+        record.pool_keeper.reset(); // the pool itself goes with the record, normally outside the lock
         for (std::size_t i = 0; i < registrations_.size(); ++i) {
             if (registrations_[i].get() == &record) {
                 registrations_.erase(registrations_.begin() + static_cast<std::ptrdiff_t>(i)); // moves, allocates nothing
@@ -1008,6 +1011,14 @@ private:
 };
 
 } // namespace detail
+
+// A descriptor of an allocation (a pooled one, a plugin's): its address and size. No UCX call:
+// a transfer checks that it lies inside one of the agent's registrations.
+template <class D>
+    requires std::same_as<D, cpu_device>
+descriptor describe(const allocation<D>& live) noexcept {
+    return descriptor{reinterpret_cast<std::uint64_t>(live.address), live.size, 0, memory_kind::host};
+}
 
 // Local memory registered with UCX. Move-only; deregisters when destroyed (at once, or as soon as
 // the transfers using it are done). While it lives, what it registered stays where it is: a
@@ -1242,6 +1253,38 @@ public:
         return register_leased(reinterpret_cast<std::uint64_t>(imported.address()), imported.size(), writable, writable,
                                std::move(lease));
     }
+    // A pool, once: its one reservation when it grows by commit (every chunk and span it will
+    // ever commit lies inside, so nothing is registered again as it grows), else each chunk it
+    // holds now. Leases the pool (pool_allocator::lease): trim, the retention limit and reclaim
+    // give nothing back while a registration lives. A pooled allocation is then described by
+    // its address (describe(allocation)): no UCX call. Spans a pool grown by allocation makes
+    // later, and pass-throughs, lie outside: a transfer naming them is refused.
+    template <class Pool> result<std::vector<registration>> register_pool(const std::shared_ptr<Pool>& pool) {
+        if (pool == nullptr) {
+            return fail(status_code::invalid_argument, "register_pool: no pool");
+        }
+        std::vector<pool_region> regions;
+        pool->for_each_region([&](const pool_region& region) {
+            if (region.kind == pool_region_kind::reservation || region.kind == pool_region_kind::chunk) {
+                regions.push_back(region);
+            }
+        });
+        // Every registration holds the pool (and its lease) until it is deregistered.
+        auto lease = std::make_shared<pool_lease>(pool->lease());
+        std::shared_ptr<void> keeper(lease, lease.get());
+        auto held = std::shared_ptr<void>(pool, pool.get());
+        std::vector<registration> made;
+        made.reserve(regions.size());
+        for (const pool_region& region : regions) {
+            NXMEM_TRY(record, core_->register_region(detail::agent_core::region_request{
+                                  region.address, region.bytes, true, true, {}}));
+            record->pool_keeper = keeper;
+            record->pool_owner = held;
+            made.push_back(registration(core_, std::move(record)));
+        }
+        return made;
+    }
+
     // Memory the engine owns and keeps in place itself (a pool's chunk, a buffer of its own):
     // no lease is taken; keeping it mapped while registered is the caller's promise.
     result<registration> register_memory(void* address, std::uint64_t length) {

@@ -39,6 +39,10 @@ struct registration_record {
     ucp_mem_h memh = nullptr;
     std::vector<std::byte> packed_key;
     host::registration_lease lease; // empty for memory the engine registers on its own say-so
+    // A pool's registration: the pool and its lease, shared by the pool's registrations. The
+    // lease is declared after the pool so it ends first (a lease must end before its pool).
+    std::shared_ptr<void> pool_owner;
+    std::shared_ptr<void> pool_keeper;
     std::atomic<std::uint64_t> in_flight{0}; // transfers using it now
     bool deregistered = false;              // under the core's lock
     bool release_when_idle = false;         // its handle went while transfers used it
