@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots nxmem_transfer_bench's JSON: bandwidth against block size, one panel per transport,
 nxmem's reads and writes beside ucx_perftest's ucp_get and ucp_put_bw of the same run.
 
