@@ -139,8 +139,8 @@ public:
     ~agent_core() {
         if (worker_ != nullptr) {
             std::unique_lock lock(mutex_);
-            for (auto& peer : peers_) {
-                close_peer_locked(*peer, true);
+            while (!peers_.empty()) {
+                close_peer_locked(*peers_.back(), true); // takes it out of peers_
             }
             drain_locked(std::chrono::seconds(1));
             for (void* closing : closing_) {
@@ -980,9 +980,12 @@ private:
         record.release_when_idle = false;
         record.lease.reset();
         record.pool_keeper.reset(); // the pool itself goes with the record, normally outside the lock
-        for (std::size_t i = 0; i < registrations_.size(); ++i) {
-            if (registrations_[i].get() == &record) {
-                registrations_.erase(registrations_.begin() + static_cast<std::ptrdiff_t>(i)); // moves, allocates nothing
+        // Sorted by base: look among the registrations of this base only.
+        auto at = std::lower_bound(registrations_.begin(), registrations_.end(), record.base,
+                                   [](const auto& other, std::uint64_t base) { return other->base < base; });
+        for (; at != registrations_.end() && (*at)->base == record.base; ++at) {
+            if (at->get() == &record) {
+                registrations_.erase(at); // moves, allocates nothing
                 break;
             }
         }
