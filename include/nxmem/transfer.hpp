@@ -6,5 +6,9 @@
 #include <nxmem/detail/require_cxx20.hpp>
 
 #include <nxmem/transfer/agent.hpp>
+#include <nxmem/transfer/agent_options.hpp>
 #include <nxmem/transfer/descriptor.hpp>
+#include <nxmem/transfer/peer.hpp>
+#include <nxmem/transfer/registration.hpp>
+#include <nxmem/transfer/transfer_request.hpp>
 #include <nxmem/transfer/wire.hpp>
