@@ -15,6 +15,7 @@
 #include <nxmem/transfer/registration.hpp>
 #include <nxmem/transfer/transfer_request.hpp>
 
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -98,18 +99,27 @@ public:
     // ever commit lies inside, so nothing is registered again as it grows), else each chunk it
     // holds now. Leases the pool (pool_allocator::lease): trim, the retention limit and reclaim
     // give nothing back while a registration lives. A pooled allocation is then described by
-    // its address (describe(allocation)): no UCX call. Spans a pool grown by allocation makes
-    // later, and pass-throughs, lie outside: a transfer naming them is refused.
+    // its address (describe(allocation)): no UCX call. Chunks and spans a pool grown by
+    // allocation makes later, and pass-throughs, lie outside: a transfer naming them is refused.
     template <class Pool> result<std::vector<registration>> register_pool(const std::shared_ptr<Pool>& pool) {
         if (pool == nullptr) {
             return fail(status_code::invalid_argument, "register_pool: no pool");
         }
+        // The reservation alone when there is one (chunks and arena runs lie inside it); else
+        // the chunks and span segments. Never a pass-through: its release goes straight back to
+        // the upstream, which no pool lease stops.
         std::vector<pool_region> regions;
+        bool reserved = false;
         pool->for_each_region([&](const pool_region& region) {
-            if (region.kind == pool_region_kind::reservation || region.kind == pool_region_kind::chunk) {
+            reserved = reserved || region.kind == pool_region_kind::reservation;
+            if (region.kind == pool_region_kind::reservation || region.kind == pool_region_kind::chunk ||
+                region.kind == pool_region_kind::segment) {
                 regions.push_back(region);
             }
         });
+        if (reserved) {
+            std::erase_if(regions, [](const pool_region& region) { return region.kind != pool_region_kind::reservation; });
+        }
         // Every registration holds the pool (and its lease) until it is deregistered.
         auto lease = std::make_shared<pool_lease>(pool->lease());
         std::shared_ptr<void> keeper(lease, lease.get());
