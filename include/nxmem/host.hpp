@@ -15,4 +15,5 @@
 #include <nxmem/host/owned_prefix.hpp>
 #include <nxmem/host/plugin_allocator.hpp>
 #include <nxmem/host/pooled_allocator.hpp>
+#include <nxmem/host/registration_lease.hpp>
 #include <nxmem/usage.hpp>

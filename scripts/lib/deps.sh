@@ -10,6 +10,9 @@ NXMEM_DEB_PACKAGES=(
   valgrind # the instruction budgets (test/perf): callgrind
   libjemalloc-dev libmimalloc-dev # bench/: in-run baselines of the pool, dlopen'd beside glibc malloc
   libtorch-dev python3-torch libopenblas0 # the PyTorch integration (engines/torch, docs/TORCH.md)
+  libucx-dev ucx-utils # the transfer layer (docs/TRANSFER.md); ucx_perftest is the bench's in-run baseline
+  python3-matplotlib # bench/transfer_plot.py: bandwidth against block size, as a PNG
+  iproute2 # test/transfer: the two-machine test's network namespaces (ip netns, a veth pair)
 )
 
 # Prints the packages of NXMEM_DEB_PACKAGES that dpkg does not report as installed.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <nxmem/host/capability_views.hpp>
+#include <nxmem/host/registration_lease.hpp>
 #include <nxmem/host/shared_prefix.hpp>
 
 #include <unistd.h>
@@ -105,6 +106,15 @@ public:
                              device_id::from_wire(described_.prefix.device)};
     }
     bool open() const noexcept { return core_ != nullptr; }
+
+    // A lease (what a transfer registration holds, docs/TRANSFER.md): until it ends, close() is
+    // BUSY and the module's tally counts a registration. INVALID_ARGUMENT on a closed import.
+    result<registration_lease> lease() const {
+        if (core_ == nullptr) {
+            return fail(status_code::invalid_argument, "lease of a closed import");
+        }
+        return registration_lease::import(core_, described_.import_id);
+    }
 
     // Ends the import; a second close is a no-op. On failure the import stays open.
     result<void> close() noexcept {

@@ -4,6 +4,7 @@
 
 #include <nxmem/concepts/device_allocator.hpp>
 #include <nxmem/host/detail/allocator_core.hpp>
+#include <nxmem/host/registration_lease.hpp>
 
 #include <memory>
 #include <string>
@@ -59,6 +60,13 @@ public:
         return core_->enqueue_release(detail::to_wire(live));
     }
     result<std::vector<release_completion>> drain_releases() { return core_->drain_releases(); }
+
+    // A lease on a live allocation (what a transfer registration holds, docs/TRANSFER.md): until
+    // it ends, release and enqueue_release of the allocation are BUSY and the module's tally
+    // counts a registration. UNKNOWN_ALLOCATION / INVALID_ARGUMENT as release would answer.
+    result<registration_lease> lease(const allocation<D>& live) const {
+        return registration_lease::allocation(core_, detail::to_wire(live));
+    }
 
     // What the allocator holds now (minor 2's usage query); UNSUPPORTED_CAPABILITY when the
     // mechanism does not offer it or the negotiated minor is below 2.

@@ -18,17 +18,20 @@ struct host_counts {
     std::uint64_t queued_releases = 0;
     std::uint64_t pins = 0;            // execution contexts pinning the module
     std::uint64_t imports = 0;         // imports from other processes not yet closed (minor 3)
+    std::uint64_t registrations = 0;   // leases held by transfer registrations (docs/TRANSFER.md)
 
     bool idle() const noexcept {
         return allocators == 0 && allocations == 0 && views == 0 && shared_prefixes == 0 &&
-               queued_releases == 0 && pins == 0 && imports == 0;
+               queued_releases == 0 && pins == 0 && imports == 0 && registrations == 0;
     }
     std::string describe() const {
         return "allocators " + std::to_string(allocators) + ", allocations " +
                std::to_string(allocations) + ", capability views " + std::to_string(views) +
                ", shared prefixes " + std::to_string(shared_prefixes) + ", queued releases " +
                std::to_string(queued_releases) + ", pins " + std::to_string(pins) +
-               (imports != 0 ? ", imports " + std::to_string(imports) : std::string());
+               (imports != 0 ? ", imports " + std::to_string(imports) : std::string()) +
+               (registrations != 0 ? ", transfer registrations " + std::to_string(registrations)
+                                   : std::string());
     }
 };
 
@@ -81,11 +84,12 @@ struct host_tally {
     std::atomic<std::uint64_t> queued_releases{0};
     std::atomic<std::uint64_t> pins{0};
     std::atomic<std::uint64_t> imports{0};
+    std::atomic<std::uint64_t> registrations{0};
 
     // Everything but allocations, which the caller fills in.
     host_counts snapshot() const noexcept {
         return {allocators.load(), 0, views.load(), shared_prefixes.load(), queued_releases.load(),
-                pins.load(), imports.load()};
+                pins.load(), imports.load(), registrations.load()};
     }
 };
 

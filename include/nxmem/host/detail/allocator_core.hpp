@@ -280,6 +280,12 @@ private:
         if (claimed != live_table::verdict::accepted) [[unlikely]] {
             return live_table::refusal(claimed, described, record);
         }
+        if (leases_held_.load(std::memory_order_acquire) != 0) [[unlikely]] {
+            if (leased(lease_kind::allocation, described.allocation_id)) {
+                live_.unclaim(described.allocation_id);
+                return lease_refusal(lease_kind::allocation, described.allocation_id);
+            }
+        }
         NxmemStatus status;
         prepare_status(status);
         if (table_.release_allocation == nullptr) {
@@ -373,6 +379,12 @@ private:
         if (!claimed) {
             forget_ticket(ticket);
             return claimed.error();
+        }
+        if (leases_held_.load(std::memory_order_acquire) != 0 &&
+            leased(lease_kind::allocation, described.allocation_id)) [[unlikely]] {
+            live_.unclaim(described.allocation_id);
+            forget_ticket(ticket);
+            return lease_refusal(lease_kind::allocation, described.allocation_id);
         }
         {
             std::lock_guard lock(deferred_mutex_);
@@ -667,6 +679,9 @@ public:
     result<void> close_import(const NxmemImport& imported) {
         return contain("close_import", [&]() -> result<void> {
             NXMEM_TRY_VOID(require(ipc_, "sharing across processes", &NxmemIpcVtable::close_import));
+            if (leased(lease_kind::import, imported.import_id)) {
+                return lease_refusal(lease_kind::import, imported.import_id);
+            }
             NxmemStatus status = abi::make_status();
             NXMEM_TRY_VOID(check(ipc_->close_import(raw_, &imported, &status), status));
             module_->tally_.imports.fetch_sub(1);
@@ -675,6 +690,62 @@ public:
     }
 
     bool has_ipc() const noexcept { return ipc_.has_value(); }
+
+    // ---- leases (transfer registrations, docs/TRANSFER.md) ----
+    // A lease keeps a live allocation from being released (release and enqueue_release are
+    // BUSY) or an import from being closed, until it ends; each counts in the module's tally as a
+    // registration, so unload is refused while one lives. Leases nest (two registrations of one
+    // allocation hold two). The allocation is claimed while the lease is recorded, so a release
+    // racing with it either wins (the lease is refused: the allocation is being released) or
+    // sees the lease after its own claim.
+    enum class lease_kind : std::uint32_t { allocation, import };
+
+    result<void> lease_allocation(const NxmemAllocation& described) {
+        return contain("lease", [&]() -> result<void> {
+            NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+            NXMEM_TRY(claimed, live_.claim(described));
+            (void)claimed;
+            try {
+                add_lease(lease_kind::allocation, described.allocation_id);
+            } catch (...) {
+                live_.unclaim(described.allocation_id);
+                throw;
+            }
+            live_.unclaim(described.allocation_id);
+            return boost::outcome_v2::success();
+        });
+    }
+    // The caller holds the import open (imported_memory::lease).
+    result<void> lease_import(std::uint64_t import_id) {
+        return contain("lease", [&]() -> result<void> {
+            add_lease(lease_kind::import, import_id);
+            return boost::outcome_v2::success();
+        });
+    }
+    // Allocates nothing (a registration's destructor ends its lease).
+    void end_lease(lease_kind kind, std::uint64_t id) noexcept {
+        std::lock_guard lock(lease_mutex_);
+        for (auto entry = leases_.begin(); entry != leases_.end(); ++entry) {
+            if (entry->kind == kind && entry->id == id) {
+                if (--entry->count == 0) {
+                    *entry = leases_.back();
+                    leases_.pop_back();
+                }
+                leases_held_.fetch_sub(1, std::memory_order_release);
+                module_->tally_.registrations.fetch_sub(1);
+                return;
+            }
+        }
+    }
+    bool leased(lease_kind kind, std::uint64_t id) const noexcept {
+        std::lock_guard lock(lease_mutex_);
+        for (const lease_entry& entry : leases_) {
+            if (entry.kind == kind && entry.id == id) {
+                return true;
+            }
+        }
+        return false;
+    }
 
     bool has_virtual_backing() const noexcept { return virtual_backing_.has_value(); }
     const std::vector<capability_table_level>& capability_tables() const noexcept { return tables_; }
@@ -685,6 +756,35 @@ public:
     void view_closed() noexcept { module_->tally_.views.fetch_sub(1); }
 
 private:
+    struct lease_entry {
+        lease_kind kind;
+        std::uint64_t id;
+        std::uint64_t count;
+    };
+    // Throws std::bad_alloc, changing nothing.
+    void add_lease(lease_kind kind, std::uint64_t id) {
+        std::lock_guard lock(lease_mutex_);
+        for (lease_entry& entry : leases_) {
+            if (entry.kind == kind && entry.id == id) {
+                ++entry.count;
+                leases_held_.fetch_add(1, std::memory_order_release);
+                module_->tally_.registrations.fetch_add(1);
+                return;
+            }
+        }
+        leases_.push_back(lease_entry{kind, id, 1});
+        leases_held_.fetch_add(1, std::memory_order_release);
+        module_->tally_.registrations.fetch_add(1);
+    }
+    [[gnu::noinline, gnu::cold]] static error lease_refusal(lease_kind kind, std::uint64_t id) {
+        return error{status_code::busy,
+                     (kind == lease_kind::allocation ? "allocation " : "import ") +
+                         std::to_string(id) +
+                         " is registered for transfer (a registration holds a lease on it); "
+                         "deregister it first, it stays " +
+                         (kind == lease_kind::allocation ? "live" : "open")};
+    }
+
     struct pending_release {
         std::uint64_t allocation_id = 0;
         live_record record;
@@ -965,6 +1065,10 @@ private:
     std::string completion_violation_;
     bool completion_violation_unrecorded_ = false;
     std::atomic<std::uint64_t> prefixes_held_{0}; // references the engine holds from this allocator
+
+    mutable std::mutex lease_mutex_;
+    std::vector<lease_entry> leases_;
+    std::atomic<std::uint64_t> leases_held_{0}; // read on every release: non-zero only while leased
 
     mutable std::mutex quarantine_mutex_;
     std::atomic<bool> any_quarantined_{false};

@@ -1,0 +1,32 @@
+// What an agent is started with (agent_options), what a transfer reports (transfer_status), and a
+// notification a peer sent (docs/TRANSFER.md, "The API").
+#pragma once
+
+#include <nxmem/transfer/detail/records.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace nxmem::transfer {
+
+struct agent_options {
+    std::string name = "nxmem";
+    // UCX transports as UCX_TLS names them ("tcp", "sm", "posix,cma,self", ...); empty: UCX's
+    // own choice (or UCX_TLS from the environment).
+    std::string transports;
+    // true: the agent progresses UCX in a thread of its own (sleeping on the worker's event fd);
+    // false: the caller does, through transfer_request::poll / wait and agent::progress.
+    bool progress_thread = false;
+};
+
+// A notification a peer sent when a transfer completed: who sent it and the bytes it attached.
+struct notification {
+    agent_id sender{};
+    std::string sender_name; // the name of the connected peer with that id, if any
+    std::vector<std::byte> message;
+};
+
+enum class transfer_status { in_progress, done, failed };
+
+} // namespace nxmem::transfer

@@ -1,0 +1,993 @@
+// The agent's shared state and every UCX call it makes (context, worker, endpoints, memory
+// handles, keys, gets, puts, flushes, active messages), under one lock. The handles in
+// registration.hpp, peer.hpp, transfer_request.hpp and agent.hpp each hold it.
+#pragma once
+
+
+#include <nxmem/host/ipc_view.hpp>
+#include <nxmem/host/plugin_allocator.hpp>
+#include <nxmem/host/shared_prefix.hpp>
+#include <nxmem/pool/pool_lease.hpp>
+#include <nxmem/pool/pool_region.hpp>
+#include <nxmem/transfer/descriptor.hpp>
+#include <nxmem/transfer/agent_options.hpp>
+#include <nxmem/transfer/detail/packed_key.hpp>
+#include <nxmem/transfer/detail/records.hpp>
+#include <nxmem/transfer/wire.hpp>
+
+#include <ucp/api/ucp.h>
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
+
+namespace nxmem::transfer {
+
+namespace detail {
+
+inline constexpr unsigned notification_am_id = 0x6e78; // "nx"
+inline constexpr std::size_t max_queued_notifications = 1u << 16;
+
+class agent_core {
+public:
+    static result<std::shared_ptr<agent_core>> start(const agent_options& options) {
+        auto core = std::make_shared<agent_core>();
+        core->name_ = options.name.substr(0, max_name_bytes);
+        std::random_device entropy;
+        for (std::size_t i = 0; i < core->id_.size(); i += 4) {
+            const std::uint32_t word = entropy();
+            std::memcpy(core->id_.data() + i, &word, 4);
+        }
+        ucp_config_t* config = nullptr;
+        ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: cannot read its configuration: " + ucx_text(status));
+        }
+        if (!options.transports.empty()) {
+            status = ucp_config_modify(config, "TLS", options.transports.c_str());
+            if (status != UCS_OK) {
+                ucp_config_release(config);
+                return fail(status_code::invalid_argument,
+                            "UCX refused transports '" + options.transports + "': " + ucx_text(status));
+            }
+        }
+        ucp_params_t params{};
+        params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+        params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | (options.progress_thread ? UCP_FEATURE_WAKEUP : 0);
+        params.mt_workers_shared = 0; // one worker, serialised by the core's lock
+        status = ucp_init(&params, config, &core->context_);
+        ucp_config_release(config);
+        if (status != UCS_OK) {
+            core->context_ = nullptr;
+            return fail(status_code::internal_error,
+                        "UCX: ucp_init failed" +
+                            (options.transports.empty() ? std::string() : " (transports '" + options.transports + "')") +
+                            ": " + ucx_text(status));
+        }
+        ucp_worker_params_t worker_params{};
+        worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+        status = ucp_worker_create(core->context_, &worker_params, &core->worker_);
+        if (status != UCS_OK) {
+            core->worker_ = nullptr;
+            return fail(status_code::internal_error, "UCX: ucp_worker_create failed: " + ucx_text(status));
+        }
+        ucp_am_handler_param_t handler{};
+        handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                             UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        handler.id = notification_am_id;
+        handler.cb = &agent_core::on_notification;
+        handler.arg = core.get();
+        status = ucp_worker_set_am_recv_handler(core->worker_, &handler);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: cannot set the notification handler: " + ucx_text(status));
+        }
+        if (options.progress_thread) {
+            status = ucp_worker_get_efd(core->worker_, &core->event_fd_);
+            if (status != UCS_OK) {
+                return fail(status_code::internal_error, "UCX: no event fd for a progress thread: " + ucx_text(status));
+            }
+            core->stop_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+            if (core->stop_fd_ < 0) {
+                return fail(status_code::internal_error, "eventfd failed for the progress thread");
+            }
+            core->has_thread_ = true;
+        }
+        return core;
+    }
+
+    agent_core() = default;
+    agent_core(const agent_core&) = delete;
+    agent_core& operator=(const agent_core&) = delete;
+
+    // Everything handed out is gone (every handle holds the core): close the endpoints, wait a
+    // bounded time for UCX to give back what it still holds, unmap, destroy.
+    ~agent_core() {
+        if (worker_ != nullptr) {
+            std::unique_lock lock(mutex_);
+            while (!peers_.empty()) {
+                close_peer_locked(*peers_.back(), true); // takes it out of peers_
+            }
+            drain_locked(std::chrono::seconds(1));
+            for (void* closing : closing_) {
+                ucp_request_free(closing); // a peer that never acknowledged: UCX drops it with the worker
+            }
+            closing_.clear();
+            for (auto& record : registrations_) {
+                unmap_locked(*record);
+            }
+            registrations_.clear();
+            ucp_worker_destroy(worker_);
+        }
+        if (context_ != nullptr) {
+            ucp_cleanup(context_);
+        }
+        if (stop_fd_ >= 0) {
+            ::close(stop_fd_);
+        }
+    }
+
+    const agent_id& id() const noexcept { return id_; }
+    const std::string& name() const noexcept { return name_; }
+    bool has_thread() const noexcept { return has_thread_; }
+
+    // ---- metadata ----
+
+    // header, agent id (16 bytes), name, worker address.
+    result<std::vector<std::byte>> metadata() {
+        std::lock_guard lock(mutex_);
+        ucp_address_t* address = nullptr;
+        std::size_t length = 0;
+        const ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
+        if (status != UCS_OK) {
+            return fail(status_code::internal_error, "UCX: no worker address: " + ucx_text(status));
+        }
+        wire_writer out(blob_kind::agent_metadata);
+        out.put_raw(id_.data(), id_.size());
+        out.put_bytes(std::as_bytes(std::span(name_)));
+        out.put_bytes(std::span(reinterpret_cast<const std::byte*>(address), length));
+        ucp_worker_release_address(worker_, address);
+        return std::move(out).finish();
+    }
+
+    // ---- registration ----
+
+    struct region_request {
+        std::uint64_t base = 0;
+        std::uint64_t length = 0;
+        bool remote_writable = true;
+        bool local_writable = true;
+        host::registration_lease lease;
+    };
+
+    result<std::shared_ptr<registration_record>> register_region(region_request&& request) {
+        if (request.base == 0 || request.length == 0 || request.base > UINT64_MAX - request.length) {
+            return fail(status_code::invalid_argument,
+                        "register: " + std::to_string(request.length) + " bytes at 0x" +
+                            nxmem::detail::to_hex(request.base) + " is not a range of memory");
+        }
+        auto record = std::make_shared<registration_record>();
+        record->base = request.base;
+        record->length = request.length;
+        record->remote_writable = request.remote_writable;
+        record->local_writable = request.local_writable;
+        record->lease = std::move(request.lease);
+        ucp_mem_map_params_t params{};
+        params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                            UCP_MEM_MAP_PARAM_FIELD_PROT;
+        params.address = reinterpret_cast<void*>(request.base);
+        params.length = request.length;
+        params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ |
+                      (request.local_writable ? unsigned{UCP_MEM_MAP_PROT_LOCAL_WRITE} : 0u) |
+                      (request.remote_writable ? unsigned{UCP_MEM_MAP_PROT_REMOTE_WRITE} : 0u);
+        std::lock_guard lock(mutex_);
+        ucs_status_t status = ucp_mem_map(context_, &params, &record->memh);
+        if (status != UCS_OK) {
+            record->memh = nullptr;
+            return fail(status_code::internal_error, "UCX: ucp_mem_map of " + std::to_string(request.length) +
+                                                         " bytes failed: " + ucx_text(status));
+        }
+        void* packed = nullptr;
+        std::size_t packed_length = 0;
+        status = ucp_rkey_pack(context_, record->memh, &packed, &packed_length);
+        if (status != UCS_OK || packed_length == 0 || packed_length > max_rkey_bytes) {
+            if (status == UCS_OK) {
+                ucp_rkey_buffer_release(packed);
+            }
+            unmap_locked(*record);
+            return fail(status_code::internal_error, "UCX: ucp_rkey_pack failed: " +
+                                                         (status == UCS_OK ? "a key of " + std::to_string(packed_length) + " bytes"
+                                                                           : ucx_text(status)));
+        }
+        try {
+            record->packed_key.assign(static_cast<const std::byte*>(packed),
+                                      static_cast<const std::byte*>(packed) + packed_length);
+            ucp_rkey_buffer_release(packed);
+            record->id = next_registration_id_++;
+            const auto at = std::upper_bound(registrations_.begin(), registrations_.end(), record->base,
+                                             [](std::uint64_t base, const auto& other) { return base < other->base; });
+            registrations_.insert(at, record);
+        } catch (...) {
+            unmap_locked(*record);
+            throw;
+        }
+        return record;
+    }
+
+    // BUSY while transfers use it; then unmapped and its lease ended.
+    result<void> deregister(registration_record& record) {
+        std::lock_guard lock(mutex_);
+        if (record.deregistered) {
+            return boost::outcome_v2::success();
+        }
+        const std::uint64_t in_flight = record.in_flight.load(std::memory_order_acquire);
+        if (in_flight != 0) {
+            return fail(status_code::busy, "deregister: registration " + std::to_string(record.id) + " is used by " +
+                                               std::to_string(in_flight) + " transfer(s) in flight; wait for them");
+        }
+        forget_locked(record);
+        return boost::outcome_v2::success();
+    }
+    // The handle went: deregister now, or once the transfers using it are done. Allocates nothing.
+    void abandon(registration_record& record) noexcept {
+        std::lock_guard lock(mutex_);
+        if (record.deregistered) {
+            return;
+        }
+        if (record.in_flight.load(std::memory_order_acquire) != 0) {
+            record.release_when_idle = true;
+            return;
+        }
+        forget_locked(record);
+    }
+
+    std::size_t registration_count() const {
+        std::lock_guard lock(mutex_);
+        return registrations_.size();
+    }
+
+    // header, agent id, region count (u32), each: id, base, length (u64), device (u32), kind
+    // (u8), flags (u8: bit 0 remotely writable), packed key (u32 length + bytes).
+    result<std::vector<std::byte>> export_regions(std::span<const registration_record* const> records) {
+        std::lock_guard lock(mutex_);
+        wire_writer out(blob_kind::regions);
+        out.put_raw(id_.data(), id_.size());
+        out.put_u32(static_cast<std::uint32_t>(records.size()));
+        for (const registration_record* record : records) {
+            if (record == nullptr || record->deregistered) {
+                return fail(status_code::invalid_argument, "export_regions: a registration that is deregistered");
+            }
+            out.put_u64(record->id);
+            out.put_u64(record->base);
+            out.put_u64(record->length);
+            out.put_u32(record->device);
+            out.put_u8(static_cast<std::uint8_t>(record->kind));
+            out.put_u8(record->remote_writable ? 1 : 0);
+            out.put_bytes(record->packed_key);
+        }
+        return std::move(out).finish();
+    }
+
+    // ---- peers ----
+
+    result<std::shared_ptr<peer_record>> connect(std::span<const std::byte> metadata) {
+        NXMEM_TRY(in, wire_reader::open(metadata, blob_kind::agent_metadata));
+        auto peer = std::make_shared<peer_record>();
+        std::span<const std::byte> name;
+        std::span<const std::byte> address;
+        if (!in.get_raw(peer->id.data(), peer->id.size()) || !in.get_bytes(name, max_name_bytes) ||
+            !in.get_bytes(address, max_worker_address_bytes)) {
+            return in.malformed("truncated, or a name or worker address over its cap");
+        }
+        NXMEM_TRY_VOID(in.finish());
+        if (address.empty()) {
+            return in.malformed("an empty worker address");
+        }
+        if (peer->id == id_) {
+            return fail(status_code::invalid_argument, "connect: the metadata is this agent's own");
+        }
+        peer->name.assign(reinterpret_cast<const char*>(name.data()), name.size());
+        // UCX parses the worker address without a length: hand it a copy with zeroed room behind.
+        std::vector<std::byte> padded(address.begin(), address.end());
+        padded.resize(address.size() + packed_key_slack);
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        params.err_handler.cb = &agent_core::on_peer_failure;
+        params.err_handler.arg = peer.get();
+        std::lock_guard lock(mutex_);
+        peers_.reserve(peers_.size() + 1);
+        ucs_status_t status = no_failure_detection_ ? UCS_ERR_UNREACHABLE
+                                                    : ucp_ep_create(worker_, &params, &peer->endpoint);
+        if (status == UCS_ERR_UNREACHABLE) {
+            // UCX 1.13's shared-memory transports (posix, sysv, cma) cannot report a peer's death:
+            // connect without it. A transfer with a dead peer then ends only by the caller's
+            // timeout and a forced disconnect (docs/TRANSFER.md, "When a peer dies").
+            params.field_mask &= ~static_cast<std::uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+            params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+            status = ucp_ep_create(worker_, &params, &peer->endpoint);
+            peer->detects_failure = false;
+            no_failure_detection_ = status == UCS_OK; // the transports stay what they are: ask once
+        }
+        if (status != UCS_OK) {
+            peer->endpoint = nullptr;
+            return fail(status_code::invalid_argument,
+                        "connect to '" + peer->name + "': UCX refused the worker address: " + ucx_text(status));
+        }
+        peers_.push_back(peer);
+        return peer;
+    }
+
+    result<void> load_regions(peer_record& peer, std::span<const std::byte> blob) {
+        NXMEM_TRY(in, wire_reader::open(blob, blob_kind::regions));
+        agent_id owner{};
+        std::uint32_t count = 0;
+        if (!in.get_raw(owner.data(), owner.size()) || !in.get_u32(count)) {
+            return in.malformed("truncated before the region count");
+        }
+        if (owner != peer.id) {
+            return fail(status_code::invalid_argument, "load_regions: the region list belongs to another agent "
+                                                       "than peer '" + peer.name + "'");
+        }
+        constexpr std::size_t min_region_bytes = 8 * 3 + 4 + 2 + 4 + 1;
+        if (count > max_regions || count > in.left() / min_region_bytes) {
+            return in.malformed(std::to_string(count) + " regions announced, room for " +
+                                std::to_string(in.left() / min_region_bytes));
+        }
+        struct parsed {
+            remote_region region;
+            std::span<const std::byte> key;
+        };
+        std::vector<parsed> regions;
+        regions.reserve(count);
+        for (std::uint32_t i = 0; i < count; ++i) {
+            parsed next;
+            std::uint8_t kind = 0;
+            std::uint8_t flags = 0;
+            if (!(in.get_u64(next.region.id) && in.get_u64(next.region.base) && in.get_u64(next.region.length) &&
+                  in.get_u32(next.region.device) && in.get_u8(kind) && in.get_u8(flags) &&
+                  in.get_bytes(next.key, max_rkey_bytes))) {
+                return in.malformed("region " + std::to_string(i) + " truncated (or a key over " +
+                                    std::to_string(max_rkey_bytes) + " bytes)");
+            }
+            if (next.region.length == 0 || next.region.base == 0 ||
+                next.region.base > UINT64_MAX - next.region.length) {
+                return in.malformed("region " + std::to_string(i) + ": " + std::to_string(next.region.length) +
+                                    " bytes at 0x" + nxmem::detail::to_hex(next.region.base) +
+                                    " is empty or wraps past the end of the address space");
+            }
+            if (kind > static_cast<std::uint8_t>(memory_kind::device) || (flags & ~1u) != 0) {
+                return in.malformed("region " + std::to_string(i) + ": unknown memory kind or flags");
+            }
+            std::string key_problem = packed_key_problem(next.key);
+            if (!key_problem.empty()) {
+                return in.malformed("region " + std::to_string(i) + ": packed key refused: " + key_problem);
+            }
+            for (const parsed& earlier : regions) {
+                if (earlier.region.id == next.region.id) {
+                    return in.malformed("region id " + std::to_string(next.region.id) + " appears twice");
+                }
+            }
+            next.region.kind = static_cast<memory_kind>(kind);
+            next.region.writable = (flags & 1u) != 0;
+            regions.push_back(next);
+        }
+        NXMEM_TRY_VOID(in.finish());
+        std::lock_guard lock(mutex_);
+        NXMEM_TRY_VOID(usable_locked(peer));
+        std::vector<remote_region> unpacked;
+        unpacked.reserve(regions.size());
+        std::vector<std::byte> padded;
+        for (parsed& next : regions) {
+            padded.assign(next.key.begin(), next.key.end());
+            padded.resize(next.key.size() + packed_key_slack);
+            const ucs_status_t status = ucp_ep_rkey_unpack(peer.endpoint, padded.data(), &next.region.key);
+            if (status != UCS_OK) {
+                for (remote_region& done : unpacked) {
+                    ucp_rkey_destroy(done.key);
+                }
+                return fail(status_code::invalid_argument, "load_regions: UCX refused the packed key of region " +
+                                                               std::to_string(next.region.id) + ": " + ucx_text(status));
+            }
+            unpacked.push_back(next.region);
+        }
+        for (remote_region& old : peer.regions) {
+            ucp_rkey_destroy(old.key);
+        }
+        peer.regions = std::move(unpacked);
+        std::sort(peer.regions.begin(), peer.regions.end(),
+                  [](const remote_region& a, const remote_region& b) { return a.base < b.base; });
+        return boost::outcome_v2::success();
+    }
+
+    std::vector<descriptor> regions_of(const peer_record& peer) const {
+        std::lock_guard lock(mutex_);
+        std::vector<descriptor> regions;
+        regions.reserve(peer.regions.size());
+        for (const remote_region& region : peer.regions) {
+            regions.push_back(descriptor{region.base, region.length, region.device, region.kind});
+        }
+        return regions;
+    }
+
+    void close_peer(peer_record& peer, bool force) noexcept {
+        std::lock_guard lock(mutex_);
+        close_peer_locked(peer, force);
+    }
+
+    // ---- transfers ----
+
+    enum class direction { read, write };
+
+    // All checks first (nothing reaches UCX until every block has passed), then one get or put per
+    // block, a flush for writes, and the notification once everything is done.
+    result<std::shared_ptr<transfer_state>> submit(direction way, peer_record& peer, const descriptor_list& local,
+                                                   const descriptor_list& remote, std::span<const std::byte> message) {
+        const char* verb = way == direction::read ? "read" : "write";
+        if (local.block_count() != remote.block_count()) {
+            return fail(status_code::invalid_argument,
+                        std::string(verb) + ": " + std::to_string(local.block_count()) + " local blocks against " +
+                            std::to_string(remote.block_count()) + " remote blocks");
+        }
+        if (local.empty()) {
+            return fail(status_code::invalid_argument, std::string(verb) + ": no blocks");
+        }
+        if (message.size() > max_notification_bytes) {
+            return fail(status_code::invalid_argument, std::string(verb) + ": a notification of " +
+                                                           std::to_string(message.size()) + " bytes (at most " +
+                                                           std::to_string(max_notification_bytes) + ")");
+        }
+        auto state = std::make_shared<transfer_state>();
+        state->notification.assign(message.begin(), message.end());
+        state->blocks = local.block_count();
+        state->bytes = local.total_bytes();
+        state->pinned.reserve(4);
+        std::vector<planned_op> ops;
+        ops.reserve(static_cast<std::size_t>(local.block_count()));
+
+        std::unique_lock lock(mutex_);
+        NXMEM_TRY_VOID(usable_locked(peer));
+        NXMEM_TRY_VOID(plan_locked(way, verb, peer, local, remote, ops, *state));
+        state->peer = peer_shared_locked(peer);
+        for (auto& record : state->pinned) {
+            record->in_flight.fetch_add(1, std::memory_order_acq_rel);
+        }
+        active_.reserve(active_.size() + 1);
+        abandoned_.reserve(abandoned_.size() + active_.size() + 1); // close_peer_locked never allocates
+        active_.push_back(state);
+
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+        param.cb.send = &agent_core::on_op_done;
+        param.user_data = state.get();
+        for (const planned_op& op : ops) {
+            param.memh = op.memh;
+            ucs_status_ptr_t issued =
+                way == direction::read
+                    ? ucp_get_nbx(peer.endpoint, reinterpret_cast<void*>(op.local), op.length, op.remote, op.key, &param)
+                    : ucp_put_nbx(peer.endpoint, reinterpret_cast<const void*>(op.local), op.length, op.remote, op.key,
+                                  &param);
+            if (!account_locked(*state, issued)) {
+                break; // the ops already issued still complete; the transfer reports the failure
+            }
+        }
+        if (way == direction::write && state->error.load() == UCS_OK) {
+            ucp_request_param_t flush{};
+            flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            flush.cb.send = &agent_core::on_op_done;
+            flush.user_data = state.get();
+            (void)account_locked(*state, ucp_ep_flush_nbx(peer.endpoint, &flush));
+        }
+        release_one_locked(*state); // the issuing pass's own count
+        after_progress_locked();
+        return state;
+    }
+
+    // ---- progress ----
+
+    // Progresses UCX until it has nothing more to do right now; true if anything happened.
+    bool progress() {
+        std::lock_guard lock(mutex_);
+        return progress_locked();
+    }
+
+    // Waits until the transfer is done or `timeout` has passed; true when done.
+    bool wait(transfer_state& state, std::chrono::nanoseconds timeout) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        if (has_thread_) {
+            std::unique_lock lock(state.done_mutex);
+            return state.done_signal.wait_until(lock, deadline, [&] { return state.finished(); });
+        }
+        unsigned idle = 0;
+        while (!state.finished()) {
+            if (progress()) {
+                idle = 0;
+            } else if (++idle % 64 == 0) {
+                if (std::chrono::steady_clock::now() >= deadline) {
+                    return state.finished();
+                }
+                ::sched_yield(); // a shared machine: let the peer run
+            }
+        }
+        return true;
+    }
+
+    // ---- notifications ----
+
+    std::optional<notification> take_notification() {
+        std::lock_guard lock(notification_mutex_);
+        if (notifications_.empty()) {
+            return std::nullopt;
+        }
+        notification next = std::move(notifications_.front());
+        notifications_.pop_front();
+        return next;
+    }
+    result<notification> wait_notification(std::chrono::nanoseconds timeout) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        unsigned idle = 0;
+        for (;;) {
+            if (auto next = take_notification()) {
+                std::lock_guard lock(mutex_);
+                for (const auto& peer : peers_) {
+                    if (peer->id == next->sender) {
+                        next->sender_name = peer->name;
+                        break;
+                    }
+                }
+                return std::move(*next);
+            }
+            if (has_thread_) {
+                std::unique_lock lock(notification_mutex_);
+                if (!notification_signal_.wait_until(lock, deadline, [&] { return !notifications_.empty(); })) {
+                    return timeout_failure(timeout);
+                }
+                continue;
+            }
+            if (progress()) {
+                idle = 0;
+            } else if (++idle % 64 == 0) {
+                if (std::chrono::steady_clock::now() >= deadline) {
+                    return timeout_failure(timeout);
+                }
+                ::sched_yield();
+            }
+        }
+    }
+    std::uint64_t dropped_notifications() const noexcept { return dropped_notifications_.load(); }
+
+    // ---- the progress thread ----
+
+    void run_progress_thread(const std::atomic<bool>& stop) {
+        while (!stop.load(std::memory_order_acquire)) {
+            if (progress()) {
+                continue;
+            }
+            ucs_status_t armed = UCS_OK;
+            {
+                std::lock_guard lock(mutex_);
+                armed = ucp_worker_arm(worker_);
+            }
+            if (armed == UCS_ERR_BUSY) {
+                continue; // events arrived meanwhile
+            }
+            pollfd fds[2] = {{event_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+            (void)::poll(fds, 2, armed == UCS_OK ? 100 : 1);
+        }
+    }
+    void wake_thread() noexcept {
+        const std::uint64_t one = 1;
+        (void)!::write(stop_fd_, &one, sizeof one);
+    }
+
+private:
+    struct planned_op {
+        std::uint64_t local = 0;
+        std::uint64_t remote = 0;
+        std::uint64_t length = 0;
+        ucp_mem_h memh = nullptr;
+        ucp_rkey_h key = nullptr;
+    };
+
+    static result<notification> timeout_failure(std::chrono::nanoseconds timeout) {
+        return fail(status_code::busy, "no notification arrived within " +
+                                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                                           " ms");
+    }
+
+    result<void> usable_locked(const peer_record& peer) const {
+        if (peer.closed) {
+            return fail(status_code::invalid_argument, "peer '" + peer.name + "' is disconnected");
+        }
+        if (peer.failed.load(std::memory_order_acquire)) {
+            return fail(status_code::internal_error,
+                        "peer '" + peer.name + "' failed: " + ucx_text(static_cast<ucs_status_t>(peer.failure.load())));
+        }
+        return boost::outcome_v2::success();
+    }
+
+    std::shared_ptr<peer_record> peer_shared_locked(const peer_record& peer) const {
+        for (const auto& candidate : peers_) {
+            if (candidate.get() == &peer) {
+                return candidate;
+            }
+        }
+        return nullptr;
+    }
+
+    registration_record* find_local_locked(std::uint64_t address, std::uint64_t bytes) const noexcept {
+        auto at = std::upper_bound(registrations_.begin(), registrations_.end(), address,
+                                   [](std::uint64_t value, const auto& record) { return value < record->base; });
+        while (at != registrations_.begin()) {
+            --at;
+            if ((*at)->contains(address, bytes)) {
+                return at->get();
+            }
+        }
+        return nullptr;
+    }
+    static const remote_region* find_remote(const peer_record& peer, std::uint64_t address, std::uint64_t bytes) noexcept {
+        auto at = std::upper_bound(peer.regions.begin(), peer.regions.end(), address,
+                                   [](std::uint64_t value, const remote_region& region) { return value < region.base; });
+        while (at != peer.regions.begin()) {
+            --at;
+            if (at->contains(address, bytes)) {
+                return &*at;
+            }
+        }
+        return nullptr;
+    }
+
+    // Checks every block of both lists and plans one op per pair; a run that lies in one
+    // registration (one region) as a whole is checked once.
+    result<void> plan_locked(direction way, const char* verb, const peer_record& peer, const descriptor_list& local,
+                             const descriptor_list& remote, std::vector<planned_op>& ops, transfer_state& state) {
+        std::size_t local_run = 0;
+        std::size_t remote_run = 0;
+        std::uint64_t local_index = 0;
+        std::uint64_t remote_index = 0;
+        const registration_record* run_record = nullptr; // holds the whole current local run
+        const remote_region* run_region = nullptr;        // holds the whole current remote run
+        for (std::uint64_t block = 0; block < local.block_count(); ++block) {
+            const descriptor_run& lr = local.runs()[local_run];
+            const descriptor_run& rr = remote.runs()[remote_run];
+            if (local_index == 0) {
+                run_record = lr.kind == memory_kind::host ? find_local_locked(lr.base, lr.end() - lr.base) : nullptr;
+            }
+            if (remote_index == 0) {
+                run_region = find_remote(peer, rr.base, rr.end() - rr.base);
+            }
+            const descriptor mine = lr.block(local_index);
+            const descriptor theirs = rr.block(remote_index);
+            if (mine.length != theirs.length) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": block " + std::to_string(block) + " is " + std::to_string(mine.length) +
+                                " bytes here and " + std::to_string(theirs.length) + " at the peer");
+            }
+            if (mine.kind != memory_kind::host) {
+                return fail(status_code::unsupported_capability,
+                            std::string(verb) + ": block " + std::to_string(block) + " is device memory; this agent "
+                                                                                       "registers host memory only");
+            }
+            const registration_record* record =
+                run_record != nullptr ? run_record : find_local_locked(mine.address, mine.length);
+            if (record == nullptr) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": local block " + std::to_string(block) + " (" +
+                                std::to_string(mine.length) + " bytes at 0x" + nxmem::detail::to_hex(mine.address) +
+                                ") is not inside one registration of this agent");
+            }
+            if (way == direction::read && !record->local_writable) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": local block " + std::to_string(block) +
+                                " lies in a read-only registration (an import); it cannot receive a read");
+            }
+            const remote_region* region = run_region != nullptr ? run_region : find_remote(peer, theirs.address, theirs.length);
+            if (region == nullptr || region->kind != theirs.kind || region->device != theirs.device) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": remote block " + std::to_string(block) + " (" +
+                                std::to_string(theirs.length) + " bytes at 0x" + nxmem::detail::to_hex(theirs.address) +
+                                ", " + std::string(memory_kind_name(theirs.kind)) + " device " +
+                                std::to_string(theirs.device) + ") is not inside one region peer '" + peer.name +
+                                "' declared");
+            }
+            if (way == direction::write && !region->writable) {
+                return fail(status_code::invalid_argument,
+                            std::string(verb) + ": remote block " + std::to_string(block) + " lies in region " +
+                                std::to_string(region->id) + ", which the peer declared read-only");
+            }
+            ops.push_back(planned_op{mine.address, theirs.address, mine.length, record->memh, region->key});
+            pin_locked(state, record);
+            if (++local_index == lr.count) {
+                local_index = 0;
+                ++local_run;
+            }
+            if (++remote_index == rr.count) {
+                remote_index = 0;
+                ++remote_run;
+            }
+        }
+        return boost::outcome_v2::success();
+    }
+
+    void pin_locked(transfer_state& state, const registration_record* record) {
+        for (const auto& pinned : state.pinned) {
+            if (pinned.get() == record) {
+                return;
+            }
+        }
+        for (const auto& candidate : registrations_) {
+            if (candidate.get() == record) {
+                state.pinned.push_back(candidate);
+                return;
+            }
+        }
+    }
+
+    // Counts an issued op: completed now, in flight (its callback will count it), or failed.
+    static bool account_locked(transfer_state& state, ucs_status_ptr_t issued) noexcept {
+        if (issued == nullptr) {
+            return true;
+        }
+        if (UCS_PTR_IS_ERR(issued)) {
+            state.record_error(UCS_PTR_STATUS(issued));
+            return false;
+        }
+        state.outstanding.fetch_add(1, std::memory_order_acq_rel);
+        return true;
+    }
+
+    static void on_op_done(void* request, ucs_status_t status, void* user_data) {
+        auto& state = *static_cast<transfer_state*>(user_data);
+        if (status != UCS_OK) {
+            state.record_error(status);
+        }
+        ucp_request_free(request);
+        release_one_locked(state);
+    }
+
+    // Called under the core's lock (callbacks run inside progress, which holds it).
+    static void release_one_locked(transfer_state& state) noexcept {
+        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1 || state.abandoned.load()) {
+            return;
+        }
+        if (!state.notification.empty() && state.error.load() == UCS_OK) {
+            state.phase.store(transfer_phase::notifying, std::memory_order_release); // sent after progress
+        } else {
+            state.finish();
+        }
+    }
+
+    static void on_peer_failure(void* arg, ucp_ep_h, ucs_status_t status) {
+        auto& peer = *static_cast<peer_record*>(arg);
+        peer.failure.store(status);
+        peer.failed.store(true, std::memory_order_release);
+    }
+
+    static ucs_status_t on_notification(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param) {
+        auto& core = *static_cast<agent_core*>(arg);
+        // A notification is eager data, an agent id in the header, at most max_notification_bytes.
+        if (header_length != sizeof(agent_id) || length > max_notification_bytes ||
+            (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+            core.dropped_notifications_.fetch_add(1);
+            return UCS_OK;
+        }
+        try {
+            notification next;
+            std::memcpy(next.sender.data(), header, sizeof(agent_id));
+            next.message.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+            {
+                std::lock_guard lock(core.notification_mutex_);
+                if (core.notifications_.size() >= max_queued_notifications) {
+                    core.dropped_notifications_.fetch_add(1);
+                    return UCS_OK;
+                }
+                core.notifications_.push_back(std::move(next));
+            }
+            core.notification_signal_.notify_all();
+        } catch (...) {
+            core.dropped_notifications_.fetch_add(1); // out of memory: counted, never thrown into UCX
+        }
+        return UCS_OK;
+    }
+
+    bool progress_locked() {
+        bool any = false;
+        while (ucp_worker_progress(worker_) != 0) {
+            any = true;
+        }
+        return after_progress_locked() || any;
+    }
+
+    // Sends the notifications of transfers whose data is in place, retires finished transfers,
+    // unmaps registrations whose handles went while they were in use, frees finished closes.
+    bool after_progress_locked() {
+        bool any = false;
+        for (std::size_t i = 0; i < active_.size();) {
+            transfer_state& state = *active_[i];
+            if (state.phase.load(std::memory_order_acquire) == transfer_phase::notifying) {
+                send_notification_locked(state);
+                any = true;
+            }
+            if (state.finished()) {
+                active_[i] = std::move(active_.back());
+                active_.pop_back();
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        for (std::size_t i = 0; i < registrations_.size();) {
+            registration_record& record = *registrations_[i];
+            if (record.release_when_idle && record.in_flight.load(std::memory_order_acquire) == 0) {
+                forget_locked(record); // erases it from registrations_
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        for (std::size_t i = 0; i < closing_.size();) {
+            if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+                ucp_request_free(closing_[i]);
+                closing_[i] = closing_.back();
+                closing_.pop_back();
+                any = true;
+                continue;
+            }
+            ++i;
+        }
+        return any;
+    }
+
+    void send_notification_locked(transfer_state& state) {
+        state.phase.store(transfer_phase::issuing, std::memory_order_release);
+        state.outstanding.store(1, std::memory_order_release);
+        if (state.peer == nullptr || state.peer->closed || state.peer->failed.load()) {
+            state.record_error(state.peer != nullptr ? static_cast<ucs_status_t>(state.peer->failure.load())
+                                                     : UCS_ERR_NOT_CONNECTED);
+            if (state.error.load() == UCS_OK) {
+                state.record_error(UCS_ERR_NOT_CONNECTED);
+            }
+            state.finish();
+            return;
+        }
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_EAGER;
+        param.cb.send = &agent_core::on_op_done;
+        param.user_data = &state;
+        ucs_status_ptr_t sent = ucp_am_send_nbx(state.peer->endpoint, notification_am_id, id_.data(), id_.size(),
+                                                state.notification.data(), state.notification.size(), &param);
+        if (sent == nullptr) {
+            state.finish();
+            return;
+        }
+        if (UCS_PTR_IS_ERR(sent)) {
+            state.record_error(UCS_PTR_STATUS(sent));
+            state.finish();
+            return;
+        }
+        // outstanding is 1: on_op_done will finish it (the notification is no longer pending).
+        state.notification.clear();
+    }
+
+    void close_peer_locked(peer_record& peer, bool force) noexcept {
+        if (peer.closed) {
+            return;
+        }
+        peer.closed = true;
+        if (!peer.detects_failure) {
+            // UCX cannot purge this endpoint's requests (no failure handling over shared memory):
+            // its transfers in flight fail now, and their records stay until the worker goes.
+            for (std::size_t i = 0; i < active_.size();) {
+                transfer_state& state = *active_[i];
+                if (state.peer.get() == &peer && !state.finished()) {
+                    state.abandoned.store(true);
+                    state.record_error(UCS_ERR_CANCELED);
+                    state.finish();
+                    abandoned_.push_back(std::move(active_[i])); // reserved when submitted
+                    active_[i] = std::move(active_.back());
+                    active_.pop_back();
+                    continue;
+                }
+                ++i;
+            }
+        }
+        for (remote_region& region : peer.regions) {
+            ucp_rkey_destroy(region.key);
+        }
+        peer.regions.clear();
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = (force || peer.failed.load()) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        ucs_status_ptr_t closing = ucp_ep_close_nbx(peer.endpoint, &param);
+        if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+            try {
+                closing_.push_back(closing);
+            } catch (...) {
+                // Out of memory: wait for this one here instead of tracking it.
+                for (int i = 0; i < 100000 && ucp_request_check_status(closing) == UCS_INPROGRESS; ++i) {
+                    ucp_worker_progress(worker_);
+                }
+                ucp_request_free(closing);
+            }
+        }
+        for (std::size_t i = 0; i < peers_.size(); ++i) {
+            if (peers_[i].get() == &peer) {
+                // The record lives on in the handles and transfers that hold it.
+                peers_[i] = std::move(peers_.back());
+                peers_.pop_back();
+                break;
+            }
+        }
+    }
+
+    // Progresses until every transfer and close has finished, at most `limit`.
+    void drain_locked(std::chrono::nanoseconds limit) {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while ((!active_.empty() || !closing_.empty()) && std::chrono::steady_clock::now() < deadline) {
+            (void)progress_locked();
+        }
+    }
+
+    void unmap_locked(registration_record& record) noexcept {
+        if (record.memh != nullptr) {
+            (void)ucp_mem_unmap(context_, record.memh);
+            record.memh = nullptr;
+        }
+    }
+
+    void forget_locked(registration_record& record) noexcept {
+        unmap_locked(record);
+        record.deregistered = true;
+        record.release_when_idle = false;
+        record.lease.reset();
+        record.pool_keeper.reset(); // the pool itself goes with the record, normally outside the lock
+        // Sorted by base: look among the registrations of this base only.
+        auto at = std::lower_bound(registrations_.begin(), registrations_.end(), record.base,
+                                   [](const auto& other, std::uint64_t base) { return other->base < base; });
+        for (; at != registrations_.end() && (*at)->base == record.base; ++at) {
+            if (at->get() == &record) {
+                registrations_.erase(at); // moves, allocates nothing
+                break;
+            }
+        }
+    }
+
+    mutable std::mutex mutex_; // every UCX call on this context and worker
+    ucp_context_h context_ = nullptr;
+    ucp_worker_h worker_ = nullptr;
+    agent_id id_{};
+    std::string name_;
+    bool has_thread_ = false;
+    bool no_failure_detection_ = false; // under mutex_
+    int event_fd_ = -1; // the worker's (UCX closes it)
+    int stop_fd_ = -1;
+    std::uint64_t next_registration_id_ = 1;
+    std::vector<std::shared_ptr<registration_record>> registrations_; // sorted by base
+    std::vector<std::shared_ptr<peer_record>> peers_;
+    std::vector<std::shared_ptr<transfer_state>> active_;
+    std::vector<std::shared_ptr<transfer_state>> abandoned_; // kept until the worker is destroyed
+    std::vector<void*> closing_; // endpoint closes in flight
+
+    std::mutex notification_mutex_;
+    std::condition_variable notification_signal_;
+    std::deque<notification> notifications_;
+    std::atomic<std::uint64_t> dropped_notifications_{0};
+};
+
+} // namespace detail
+
+} // namespace nxmem::transfer

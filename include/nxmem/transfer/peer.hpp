@@ -1,0 +1,61 @@
+// peer: a remote agent this one is connected to, and the regions it declared.
+#pragma once
+
+#include <nxmem/transfer/detail/agent_core.hpp>
+
+#include <memory>
+
+namespace nxmem::transfer {
+
+class agent;
+
+// A remote agent this one is connected to, and the regions it declared.
+class peer {
+public:
+    peer() = default;
+    peer(peer&&) noexcept = default;
+    peer& operator=(peer&& other) noexcept {
+        if (this != &other) {
+            disconnect(false);
+            core_ = std::move(other.core_);
+            record_ = std::move(other.record_);
+        }
+        return *this;
+    }
+    ~peer() { disconnect(false); }
+
+    explicit operator bool() const noexcept { return record_ != nullptr; }
+    const std::string& name() const noexcept { return record_->name; }
+    const agent_id& id() const noexcept { return record_->id; }
+    // The peer's endpoint failed (it died, or the network did): every transfer with it fails.
+    bool failed() const noexcept { return record_->failed.load(std::memory_order_acquire); }
+    // Whether UCX reports this peer's death (false over shared memory alone, UCX 1.13): without
+    // it a transfer with a dead peer ends by the caller's timeout and disconnect(true).
+    bool detects_failure() const noexcept { return record_->detects_failure; }
+
+    // Takes the peer's region list (its export_regions bytes), replacing any loaded before.
+    // Untrusted input: refused whole, naming the fault, unless every region is well formed, the
+    // list is this peer's, and UCX accepts every key.
+    result<void> load_regions(std::span<const std::byte> blob) { return core_->load_regions(*record_, blob); }
+    // The regions loaded, in address order (each as one descriptor of its whole range).
+    std::vector<descriptor> regions() const { return core_->regions_of(*record_); }
+
+    // Closes the endpoint; transfers in flight with it fail. `force` does not wait for the
+    // peer's acknowledgement (use it for a peer that is gone).
+    void disconnect(bool force = false) noexcept {
+        if (record_ != nullptr) {
+            core_->close_peer(*record_, force);
+            record_.reset();
+            core_.reset();
+        }
+    }
+
+private:
+    friend class agent;
+    peer(std::shared_ptr<detail::agent_core> core, std::shared_ptr<detail::peer_record> record)
+        : core_(std::move(core)), record_(std::move(record)) {}
+    std::shared_ptr<detail::agent_core> core_;
+    std::shared_ptr<detail::peer_record> record_;
+};
+
+} // namespace nxmem::transfer

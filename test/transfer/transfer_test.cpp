@@ -1,0 +1,467 @@
+// The transfer layer in one process (docs/TRANSFER.md): descriptor lists and their wire format,
+// forged bytes of every kind refused before UCX sees them, reads and writes between two agents
+// over UCX (UCX_TLS as the test is run with; tcp by default), notifications, and the leases a
+// registration holds on plugin memory (release and close BUSY, unload refused, the tally).
+#include "../posix/posix_support.hpp"
+
+#include <nxmem/host/ipc_view.hpp>
+#include <nxmem/host/pooled_allocator.hpp>
+#include <nxmem/transfer.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace nxmem;
+using namespace std::chrono_literals;
+using nxmem::test::load_or_fail;
+using nxmem::test::open_or_fail;
+using nxmem::test::value_or_fail;
+using transfer::descriptor;
+using transfer::descriptor_list;
+using transfer::memory_kind;
+using transfer::strided_descriptor;
+
+namespace {
+
+std::string transports() {
+    const char* chosen = std::getenv("NXMEM_TRANSFER_TLS");
+    return chosen != nullptr ? chosen : "tcp";
+}
+
+std::vector<std::byte> as_bytes(std::string_view text) {
+    const auto* first = reinterpret_cast<const std::byte*>(text.data());
+    return {first, first + text.size()};
+}
+
+template <class T> void require_refused(const result<T>& outcome, status_code code, std::string_view words) {
+    REQUIRE_FALSE(outcome.has_value());
+    INFO(outcome.error().describe());
+    CHECK(outcome.error().code == code);
+    CHECK(outcome.error().message.find(words) != std::string::npos);
+}
+
+descriptor_list list_of(std::initializer_list<descriptor> blocks) {
+    descriptor_list list;
+    for (const descriptor& block : blocks) {
+        REQUIRE(list.add(block).has_value());
+    }
+    return list;
+}
+descriptor_list list_of(const strided_descriptor& blocks) {
+    descriptor_list list;
+    REQUIRE(list.add(blocks).has_value());
+    return list;
+}
+
+std::uint8_t pattern(std::uint64_t offset, std::uint8_t seed) {
+    return static_cast<std::uint8_t>(offset * 131u + seed + (offset >> 12));
+}
+void fill(std::vector<std::uint8_t>& bytes, std::uint8_t seed) {
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+        bytes[i] = pattern(i, seed);
+    }
+}
+
+} // namespace
+
+TEST_CASE("a strided descriptor names count blocks a stride apart, and lists round-trip through bytes") {
+    descriptor_list list;
+    REQUIRE(list.add(strided_descriptor{0x10000, 4096, 16384, 8, 0, memory_kind::host}).has_value());
+    REQUIRE(list.add(descriptor{0x900000, 100, 0, memory_kind::host}).has_value());
+    CHECK(list.block_count() == 9);
+    CHECK(list.total_bytes() == 8 * 4096 + 100);
+    CHECK(list.runs()[0].block(7).address == 0x10000 + 7 * 16384);
+    CHECK(list.runs()[0].end() == 0x10000 + 7 * 16384 + 4096);
+
+    const std::vector<std::byte> bytes = list.serialise();
+    const descriptor_list back = value_or_fail(descriptor_list::parse(bytes));
+    REQUIRE(back.runs().size() == 2);
+    CHECK(back.runs()[0].stride == 16384);
+    CHECK(back.runs()[1].base == 0x900000);
+    CHECK(back.serialise() == bytes);
+}
+
+TEST_CASE("descriptors that are empty, overlap or wrap are refused, and the list stays as it was") {
+    descriptor_list list;
+    require_refused(list.add(descriptor{0x1000, 0}), status_code::invalid_argument, "0 bytes");
+    require_refused(list.add(strided_descriptor{0x1000, 64, 64, 0}), status_code::invalid_argument, "0 blocks");
+    require_refused(list.add(strided_descriptor{0x1000, 4096, 2048, 2}), status_code::invalid_argument, "overlap");
+    require_refused(list.add(descriptor{UINT64_MAX - 10, 11}), status_code::invalid_argument, "wraps");
+    require_refused(list.add(strided_descriptor{0x1000, 4096, UINT64_MAX / 2, 3}), status_code::invalid_argument,
+                    "wraps");
+    require_refused(list.add(strided_descriptor{0x1000, 1, 1, transfer::max_blocks + 1}),
+                    status_code::invalid_argument, "blocks");
+    CHECK(list.empty());
+    REQUIRE(list.add(strided_descriptor{0x1000, 1, 1, transfer::max_blocks}).has_value());
+    require_refused(list.add(descriptor{0x1000, 1}), status_code::invalid_argument, "more than");
+    CHECK(list.block_count() == transfer::max_blocks);
+}
+
+TEST_CASE("forged descriptor bytes are refused with the fault named") {
+    descriptor_list list;
+    REQUIRE(list.add(strided_descriptor{0x10000, 4096, 8192, 4}).has_value());
+    REQUIRE(list.add(descriptor{0x20000, 64}).has_value());
+    const std::vector<std::byte> genuine = list.serialise();
+
+    SECTION("every truncation") {
+        for (std::size_t keep = 0; keep < genuine.size(); ++keep) {
+            INFO("kept " << keep << " of " << genuine.size() << " bytes");
+            const auto parsed = descriptor_list::parse(std::span(genuine).first(keep));
+            REQUIRE_FALSE(parsed.has_value());
+            CHECK(parsed.error().code == status_code::invalid_argument);
+        }
+    }
+    SECTION("a trailing byte") {
+        std::vector<std::byte> longer = genuine;
+        longer.push_back(std::byte{0});
+        require_refused(descriptor_list::parse(longer), status_code::invalid_argument, "trailing");
+    }
+    SECTION("bad magic, another version, another kind") {
+        std::vector<std::byte> forged = genuine;
+        forged[0] = std::byte{'X'};
+        require_refused(descriptor_list::parse(forged), status_code::invalid_argument, "magic");
+        forged = genuine;
+        forged[4] = std::byte{2};
+        require_refused(descriptor_list::parse(forged), status_code::version_mismatch, "version 2");
+        forged = genuine;
+        forged[6] = std::byte{static_cast<unsigned char>(transfer::blob_kind::regions)};
+        require_refused(descriptor_list::parse(forged), status_code::invalid_argument, "descriptor list expected");
+    }
+    SECTION("a run count larger than the bytes") {
+        std::vector<std::byte> forged = genuine;
+        const std::uint32_t lie = 0xffffffffu;
+        std::memcpy(forged.data() + transfer::wire_header_bytes, &lie, 4);
+        require_refused(descriptor_list::parse(forged), status_code::invalid_argument, "announced");
+    }
+    SECTION("a run that overlaps or wraps, written by hand") {
+        std::vector<std::byte> forged = genuine;
+        const std::size_t stride_at = transfer::wire_header_bytes + 4 + 16;
+        const std::uint64_t short_stride = 100;
+        std::memcpy(forged.data() + stride_at, &short_stride, 8);
+        require_refused(descriptor_list::parse(forged), status_code::invalid_argument, "overlap");
+        forged = genuine;
+        const std::uint64_t high_base = UINT64_MAX - 8192;
+        std::memcpy(forged.data() + transfer::wire_header_bytes + 4, &high_base, 8);
+        require_refused(descriptor_list::parse(forged), status_code::invalid_argument, "wraps");
+    }
+}
+
+TEST_CASE("a packed key's layout is walked before UCX sees it") {
+    using transfer::detail::packed_key_problem;
+    auto key = [](std::uint64_t domains, std::uint8_t type, std::vector<std::uint8_t> rest) {
+        std::vector<std::byte> bytes(9);
+        std::memcpy(bytes.data(), &domains, 8);
+        bytes[8] = std::byte{type};
+        for (std::uint8_t b : rest) {
+            bytes.push_back(std::byte{b});
+        }
+        return bytes;
+    };
+    CHECK(packed_key_problem(key(1, 0, {0})).empty());          // UCX 1.13's key for tcp
+    CHECK(packed_key_problem(key(3, 0, {2, 7, 7, 0})).empty()); // two domains
+    CHECK(packed_key_problem({}) == "empty");
+    const std::vector<std::byte> whole = key(1, 0, {0});
+    CHECK(packed_key_problem(std::span(whole).first(5)).find("shorter") != std::string::npos);
+    CHECK(packed_key_problem(key(1, 200, {0})).find("memory type") != std::string::npos);
+    CHECK(packed_key_problem(key(1, 0, {40, 1})).find("claims 40 bytes") != std::string::npos);
+    CHECK(packed_key_problem(key(7, 0, {0, 0})).find("past the end") != std::string::npos);
+}
+
+namespace {
+
+// Two agents in one process: `target` progresses in its own thread, `initiator` is driven by its
+// caller (both modes run in every case).
+struct two_agents {
+    transfer::agent target = value_or_fail(transfer::agent::start({"target", transports(), true}));
+    transfer::agent initiator = value_or_fail(transfer::agent::start({"initiator", transports(), false}));
+    std::vector<std::uint8_t> remote_bytes = std::vector<std::uint8_t>(1 << 20);
+    std::vector<std::uint8_t> local_bytes = std::vector<std::uint8_t>(1 << 20);
+    transfer::registration remote_registration;
+    transfer::registration local_registration;
+    transfer::peer to_target;
+
+    two_agents() {
+        fill(remote_bytes, 7);
+        fill(local_bytes, 99);
+        remote_registration = value_or_fail(target.register_memory(remote_bytes.data(), remote_bytes.size()));
+        local_registration = value_or_fail(initiator.register_memory(local_bytes.data(), local_bytes.size()));
+        to_target = value_or_fail(initiator.connect(value_or_fail(target.metadata())));
+        REQUIRE(to_target.load_regions(value_or_fail(target.export_regions({&remote_registration}))).has_value());
+    }
+    std::uint64_t remote_at(std::uint64_t offset) const { return remote_registration.base() + offset; }
+    std::uint64_t local_at(std::uint64_t offset) const { return local_registration.base() + offset; }
+    // Neither buffer changed since the fixture filled them.
+    void check_untouched() const {
+        for (std::size_t i = 0; i < remote_bytes.size(); ++i) {
+            if (remote_bytes[i] != pattern(i, 7) || local_bytes[i] != pattern(i, 99)) {
+                FAIL("byte " << i << " changed");
+            }
+        }
+    }
+};
+
+} // namespace
+
+TEST_CASE("a strided read and a write move every byte, and the notification follows the data") {
+    two_agents agents;
+    constexpr std::uint64_t block = 4096;
+    // Blocks 1, 4, 7, ... of the target into blocks 0, 1, 2, ... here.
+    const descriptor_list remote = list_of(strided_descriptor{agents.remote_at(block), block, 3 * block, 40});
+    const descriptor_list local = list_of(strided_descriptor{agents.local_at(0), block, block, 40});
+    const std::vector<std::byte> message = as_bytes("kv blocks 1..118 read");
+    transfer::transfer_request read = value_or_fail(agents.initiator.read(agents.to_target, local, remote, message));
+    REQUIRE(read.wait(30s).has_value());
+    CHECK(read.status() == transfer::transfer_status::done);
+    CHECK(read.blocks() == 40);
+    for (std::uint64_t b = 0; b < 40; ++b) {
+        for (std::uint64_t i = 0; i < block; ++i) {
+            if (agents.local_bytes[b * block + i] != pattern(block + b * 3 * block + i, 7)) {
+                FAIL("block " << b << " byte " << i);
+            }
+        }
+    }
+    CHECK(agents.local_bytes[40 * block] == pattern(40 * block, 99)); // nothing past the blocks
+    const transfer::notification arrived = value_or_fail(agents.target.wait_notification(30s));
+    CHECK(arrived.sender == agents.initiator.id());
+    CHECK(arrived.message == message);
+
+    // Write the first 64 KiB here over the target's last 64 KiB, as 16 blocks of one list.
+    const descriptor_list from = list_of(strided_descriptor{agents.local_at(0), block, block, 16});
+    const descriptor_list into = list_of(strided_descriptor{agents.remote_at((1 << 20) - 16 * block), block, block, 16});
+    transfer::transfer_request write = value_or_fail(agents.initiator.write(agents.to_target, from, into, as_bytes("w")));
+    REQUIRE(write.wait(30s).has_value());
+    CHECK(value_or_fail(agents.target.wait_notification(30s)).message == as_bytes("w"));
+    CHECK(std::memcmp(agents.remote_bytes.data() + (1 << 20) - 16 * block, agents.local_bytes.data(), 16 * block) == 0);
+    CHECK(agents.remote_bytes[(1 << 20) - 16 * block - 1] == pattern((1 << 20) - 16 * block - 1, 7));
+}
+
+TEST_CASE("blocks outside what is registered or declared are refused before UCX sees them") {
+    two_agents agents;
+    const std::uint64_t size = 1 << 20;
+    const auto refused = [&](const descriptor_list& local, const descriptor_list& remote, std::string_view words) {
+        require_refused(agents.initiator.read(agents.to_target, local, remote), status_code::invalid_argument, words);
+        require_refused(agents.initiator.write(agents.to_target, local, remote), status_code::invalid_argument, words);
+    };
+    const descriptor_list one_local = list_of({descriptor{agents.local_at(0), 4096}});
+    SECTION("a remote range past the region's end, or straddling it") {
+        refused(one_local, list_of({descriptor{agents.remote_at(size), 4096}}), "not inside one region");
+        refused(one_local, list_of({descriptor{agents.remote_at(size - 100), 4096}}), "not inside one region");
+        refused(one_local, list_of({descriptor{agents.remote_at(0) - 4096, 4096}}), "not inside one region");
+    }
+    SECTION("a strided run whose last block leaves the region") {
+        refused(list_of(strided_descriptor{agents.local_at(0), 4096, 4096, 3}),
+                list_of(strided_descriptor{agents.remote_at(size - 2 * 8192), 4096, 8192, 3}),
+                "remote block 2");
+    }
+    SECTION("a local range outside this agent's registrations") {
+        std::vector<std::uint8_t> unregistered(4096);
+        refused(list_of({descriptor{reinterpret_cast<std::uint64_t>(unregistered.data()), 4096}}),
+                list_of({descriptor{agents.remote_at(0), 4096}}), "not inside one registration");
+        refused(list_of({descriptor{agents.local_at(size - 10), 4096}}), list_of({descriptor{agents.remote_at(0), 4096}}),
+                "not inside one registration");
+    }
+    SECTION("another device or memory kind than the region's") {
+        refused(one_local, list_of({descriptor{agents.remote_at(0), 4096, 1, memory_kind::host}}), "device 1");
+        refused(one_local, list_of({descriptor{agents.remote_at(0), 4096, 0, memory_kind::device}}), "device device");
+    }
+    SECTION("lengths or counts that do not pair") {
+        refused(one_local, list_of({descriptor{agents.remote_at(0), 2048}}), "bytes here");
+        refused(one_local, list_of(strided_descriptor{agents.remote_at(0), 4096, 4096, 2}), "local blocks against");
+    }
+    SECTION("a notification over the cap") {
+        const std::vector<std::byte> huge(transfer::max_notification_bytes + 1);
+        require_refused(agents.initiator.read(agents.to_target, one_local, list_of({descriptor{agents.remote_at(0), 4096}}), huge),
+                        status_code::invalid_argument, "notification");
+    }
+    agents.check_untouched();
+}
+
+TEST_CASE("forged region lists and metadata are refused whole, and the regions loaded before stay") {
+    two_agents agents;
+    const std::vector<std::byte> genuine = value_or_fail(agents.target.export_regions({&agents.remote_registration}));
+    const descriptor_list local = list_of({descriptor{agents.local_at(0), 4096}});
+    const descriptor_list remote = list_of({descriptor{agents.remote_at(0), 4096}});
+
+    SECTION("every truncation of a region list") {
+        for (std::size_t keep = 0; keep < genuine.size(); ++keep) {
+            INFO("kept " << keep << " of " << genuine.size());
+            CHECK_FALSE(agents.to_target.load_regions(std::span(genuine).first(keep)).has_value());
+        }
+    }
+    SECTION("a region list of another agent") {
+        transfer::agent third = value_or_fail(transfer::agent::start({"third", transports(), false}));
+        std::vector<std::uint8_t> bytes(8192);
+        transfer::registration theirs = value_or_fail(third.register_memory(bytes.data(), bytes.size()));
+        require_refused(agents.to_target.load_regions(value_or_fail(third.export_regions({&theirs}))),
+                        status_code::invalid_argument, "another agent");
+    }
+    const std::size_t region_at = transfer::wire_header_bytes + 16 + 4; // id, base, length, device, kind, flags, key
+    SECTION("a region that wraps, or is empty") {
+        std::vector<std::byte> forged = genuine;
+        const std::uint64_t huge = UINT64_MAX;
+        std::memcpy(forged.data() + region_at + 16, &huge, 8);
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "wraps");
+        const std::uint64_t zero = 0;
+        std::memcpy(forged.data() + region_at + 16, &zero, 8);
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "empty");
+    }
+    SECTION("a key whose domain claims more bytes than it has, or a key length past the blob") {
+        std::vector<std::byte> forged = genuine;
+        const std::size_t key_at = region_at + 8 * 3 + 4 + 2 + 4;
+        forged[key_at + 9] = std::byte{200}; // the first domain's size
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "packed key refused");
+        forged = genuine;
+        const std::uint32_t long_key = 5000;
+        std::memcpy(forged.data() + key_at - 4, &long_key, 4);
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "truncated");
+    }
+    SECTION("unknown flags, and a region count the bytes cannot hold") {
+        std::vector<std::byte> forged = genuine;
+        forged[region_at + 8 * 3 + 4 + 1] = std::byte{0x80};
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "flags");
+        forged = genuine;
+        const std::uint32_t many = 1000;
+        std::memcpy(forged.data() + transfer::wire_header_bytes + 16, &many, 4);
+        require_refused(agents.to_target.load_regions(forged), status_code::invalid_argument, "announced");
+    }
+    SECTION("forged metadata") {
+        const std::vector<std::byte> metadata = value_or_fail(agents.target.metadata());
+        for (std::size_t keep = 0; keep < metadata.size(); keep += 7) {
+            INFO("kept " << keep << " of " << metadata.size());
+            CHECK_FALSE(agents.initiator.connect(std::span(metadata).first(keep)).has_value());
+        }
+        require_refused(agents.target.connect(metadata), status_code::invalid_argument, "own");
+    }
+    // The regions loaded by the fixture are still there: a transfer into them works.
+    transfer::transfer_request read = value_or_fail(agents.initiator.read(agents.to_target, local, remote));
+    REQUIRE(read.wait(30s).has_value());
+    CHECK(std::memcmp(agents.local_bytes.data(), agents.remote_bytes.data(), 4096) == 0);
+}
+
+TEST_CASE("a registration in use by a transfer cannot be deregistered until the transfer is done") {
+    two_agents agents;
+    const descriptor_list local = list_of({descriptor{agents.local_at(0), 1 << 20}});
+    const descriptor_list remote = list_of({descriptor{agents.remote_at(0), 1 << 20}});
+    // The initiator is driven by its caller and has not progressed: the read cannot have finished.
+    transfer::transfer_request read = value_or_fail(agents.initiator.read(agents.to_target, local, remote));
+    if (read.status() == transfer::transfer_status::in_progress) {
+        require_refused(agents.local_registration.deregister(), status_code::busy, "in flight");
+        CHECK(agents.local_registration);
+    }
+    REQUIRE(read.wait(30s).has_value());
+    REQUIRE(agents.local_registration.deregister().has_value());
+    CHECK_FALSE(agents.local_registration);
+    require_refused(agents.initiator.read(agents.to_target, local, remote), status_code::invalid_argument,
+                    "not inside one registration");
+}
+
+TEST_CASE("a registration leases the plugin memory it registers: release, close and unload wait for it") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent agent = value_or_fail(transfer::agent::start({"lessee", transports(), false}));
+    const std::uint64_t bytes = 64 * 1024;
+
+    SECTION("an allocation") {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        const allocation<cpu_device> live = value_or_fail(lazy.allocate(bytes, 4096));
+        REQUIRE(value_or_fail(lazy.virtual_backing()).commit(live, {0, bytes}).has_value());
+        transfer::registration registered = value_or_fail(agent.register_allocation(lazy, live));
+        CHECK(registered.length() == bytes);
+        CHECK(value_or_fail(module->readiness()).host.registrations == 1);
+        require_refused(lazy.release(live), status_code::busy, "registered for transfer");
+        require_refused(module->try_unload(), status_code::busy, "transfer registrations 1");
+        // A second registration of the same allocation holds a second lease.
+        transfer::registration again = value_or_fail(agent.register_allocation(lazy, live));
+        CHECK(value_or_fail(module->readiness()).host.registrations == 2);
+        REQUIRE(registered.deregister().has_value());
+        require_refused(lazy.release(live), status_code::busy, "registered for transfer");
+        again = transfer::registration{}; // the destructor deregisters too
+        CHECK(value_or_fail(module->readiness()).host.registrations == 0);
+        REQUIRE(lazy.release(live).has_value());
+        // A stale allocation cannot be leased.
+        require_refused(agent.register_allocation(lazy, live), status_code::unknown_allocation, "no live allocation");
+    }
+    SECTION("a shared prefix's mapping") {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        auto mapping = value_or_fail(lazy.shared_mapping());
+        const host::shared_prefix prefix = value_or_fail(mapping.create_prefix(3 * 4096));
+        const allocation<cpu_device> sequence = value_or_fail(lazy.allocate(bytes, 4096));
+        REQUIRE(mapping.commit_prefix(sequence, prefix).has_value());
+        transfer::registration registered = value_or_fail(agent.register_prefix_mapping(lazy, sequence, prefix));
+        CHECK(registered.length() == 3 * 4096);
+        require_refused(registered.describe(3 * 4096 - 10, 11), status_code::invalid_argument, "outside registration");
+        CHECK(value_or_fail(registered.describe(4096, 4096)).address == registered.base() + 4096);
+        require_refused(lazy.release(sequence), status_code::busy, "registered for transfer");
+        REQUIRE(registered.deregister().has_value());
+        REQUIRE(lazy.release(sequence).has_value());
+        REQUIRE(mapping.release_prefix(prefix).has_value());
+    }
+    SECTION("an import") {
+        auto exporter = open_or_fail<cpu_device>(module, "posix-lazy", 0, "share=memfd");
+        auto importer = open_or_fail<cpu_device>(module, "posix-lazy");
+        const allocation<cpu_device> live = value_or_fail(exporter.allocate(bytes, 4096));
+        REQUIRE(value_or_fail(exporter.virtual_backing()).commit(live, {0, bytes}).has_value());
+        host::ipc_handle handle = value_or_fail(value_or_fail(exporter.ipc()).export_allocation(live));
+        host::imported_memory<cpu_device> imported = value_or_fail(value_or_fail(importer.ipc()).import(handle));
+        transfer::registration registered = value_or_fail(agent.register_import(imported));
+        CHECK(registered.length() == imported.size());
+        require_refused(imported.close(), status_code::busy, "registered for transfer");
+        CHECK(imported.open());
+        REQUIRE(registered.deregister().has_value());
+        REQUIRE(imported.close().has_value());
+        REQUIRE(exporter.release(live).has_value());
+    }
+    CHECK(agent.registration_count() == 0);
+    CHECK(value_or_fail(module->readiness()).host.registrations == 0);
+}
+
+TEST_CASE("a pool is registered once, its allocations are described without UCX, and its lease stops trim") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent agent = value_or_fail(transfer::agent::start({"pooler", transports(), true}));
+    transfer::agent reader = value_or_fail(transfer::agent::start({"reader", transports(), false}));
+    auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-lazy"));
+    REQUIRE(pool->grows_by_commit());
+    {
+        std::vector<transfer::registration> registered = value_or_fail(agent.register_pool(pool));
+        REQUIRE(registered.size() == 1); // the one reservation
+        CHECK(agent.registration_count() == 1);
+        // KV blocks allocated after the registration lie inside it.
+        std::vector<allocation<cpu_device>> blocks;
+        for (int i = 0; i < 8; ++i) {
+            blocks.push_back(value_or_fail(pool->allocate(64 * 1024, 4096)));
+            std::memset(blocks.back().address, 0x30 + i, 64 * 1024);
+        }
+        CHECK(agent.registration_count() == 1);
+        // The lease: trim gives nothing back while registered.
+        REQUIRE(pool->release(blocks.back()).has_value());
+        blocks.pop_back();
+        CHECK(pool->trim(0) == 0);
+
+        std::vector<std::uint8_t> landing(7 * 64 * 1024);
+        transfer::registration mine = value_or_fail(reader.register_memory(landing.data(), landing.size()));
+        transfer::peer pooler = value_or_fail(reader.connect(value_or_fail(agent.metadata())));
+        std::vector<const transfer::registration*> exported;
+        for (const auto& each : registered) {
+            exported.push_back(&each);
+        }
+        REQUIRE(pooler.load_regions(value_or_fail(agent.export_regions(exported))).has_value());
+        descriptor_list remote;
+        for (const auto& block : blocks) {
+            REQUIRE(remote.add(transfer::describe(block)).has_value());
+        }
+        const descriptor_list local = list_of(strided_descriptor{mine.base(), 64 * 1024, 64 * 1024, 7});
+        transfer::transfer_request read = value_or_fail(reader.read(pooler, local, remote));
+        REQUIRE(read.wait(30s).has_value());
+        for (int i = 0; i < 7; ++i) {
+            CHECK(landing[static_cast<std::size_t>(i) * 64 * 1024 + 100] == 0x30 + i);
+        }
+        for (const auto& block : blocks) {
+            REQUIRE(pool->release(block).has_value());
+        }
+    }
+    // Deregistered (the handles went): the lease ended, trim gives the idle memory back.
+    CHECK(agent.registration_count() == 0);
+    CHECK(pool->trim(0) > 0);
+}
