@@ -30,7 +30,7 @@ inline constexpr std::array contract_releases{
     contract_release{2, "2026-11-30"}, // minor 2: commit granularity, usage query, flags versioned like slots
     contract_release{2, "2026-12-01"}, // rules added within minor 2 (callbacks, accounting, boundaries)
     contract_release{3, "2026-12-02"}, // minor 3: sharing across processes
-    contract_release{3, "2026-12-04"}, // C8 and C8a one rule, every reading the text permits conforming
+    contract_release{3, "2026-12-04"}, // C8 and C8a one rule (every reading conforms); R13, S9, IP15-IP18 (hostile tables and peers)
 };
 
 // One numbered rule of docs/ABI.md: the release it entered, and, when it binds every plugin
@@ -80,6 +80,7 @@ inline constexpr std::array contract_rules{
     rule_revision{"R10", 1, "2026-11-29", {}},
     rule_revision{"R11", 1, "2026-11-29", {}},
     rule_revision{"R12", 2, "2026-12-01", {}},
+    rule_revision{"R13", 3, "2026-12-04", "a capability table read below the minor that introduced it has every slot NULL while the allocator table points to it: the host would report the capability and jump to address 0"},
     rule_revision{"Q1", 1, "2026-11-29", {}},
     rule_revision{"Q2", 1, "2026-11-29", {}},
     rule_revision{"Q3", 1, "2026-11-29", {}},
@@ -105,6 +106,7 @@ inline constexpr std::array contract_rules{
     rule_revision{"S6", 1, "2026-11-29", {}},
     rule_revision{"S7", 2, "2026-12-01", {}},
     rule_revision{"S8", 2, "2026-12-01", "a retain the plugin does not count frees an allocator the host still holds, and the host's next call uses freed memory"},
+    rule_revision{"S9", 3, "2026-12-04", {}},
     rule_revision{"C1", 1, "2026-11-29", {}},
     rule_revision{"C2", 1, "2026-11-29", {}},
     rule_revision{"C3", 1, "2026-11-29", {}},
@@ -215,6 +217,10 @@ inline constexpr std::array contract_rules{
     rule_revision{"IP12", 3, "2026-12-02", {}},
     rule_revision{"IP13", 3, "2026-12-02", {}},
     rule_revision{"IP14", 3, "2026-12-02", {}},
+    rule_revision{"IP15", 3, "2026-12-04", "an importer that reads the size before the seals lets an exporter cut the file between the reads: the importing process dies of SIGBUS at its first access"},
+    rule_revision{"IP16", 3, "2026-12-04", "a peer that adds a seal to an exporter's descriptor stops its decommit from freeing memory, which the exporter would count as freed"},
+    rule_revision{"IP17", 3, "2026-12-04", "a forged handle answered OUT_OF_MEMORY makes the engine free memory on a peer's word"},
+    rule_revision{"IP18", 3, "2026-12-04", {}},
     rule_revision{"BC1", 2, "2026-11-30", {}},
     rule_revision{"BC2", 2, "2026-11-30", {}},
     rule_revision{"BC3", 2, "2026-11-30", {}},
