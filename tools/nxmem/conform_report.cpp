@@ -79,7 +79,8 @@ void print_conform_text(std::ostream& out, const std::vector<plugin_run>& runs) 
                     << std::string(width - result.id.size() + 2, ' ') << result.title;
                 if (result.failed()) {
                     out << " (expected " << result.expected << ", got " << result.actual << ')';
-                } else if (result.skipped()) {
+                } else if (!result.actual.empty()) {
+                    // a skip's reason, or what a pass measured (oom.clean_run's allocation count)
                     out << " (" << result.actual << ')';
                 }
                 out << '\n';
@@ -135,6 +136,8 @@ nlohmann::ordered_json conform_to_json(const std::vector<plugin_run>& runs) {
                     item["actual"] = check.result.actual;
                 } else if (check.result.skipped()) {
                     item["reason"] = check.result.actual;
+                } else if (!check.result.actual.empty()) {
+                    item["detail"] = check.result.actual; // what a pass measured (oom.clean_run)
                 }
                 checks.push_back(std::move(item));
             }
