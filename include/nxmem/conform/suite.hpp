@@ -172,7 +172,7 @@ inline constexpr std::array all_checks{
     check_definition{"rollback.refused_calls", "a refused call changes neither the unload report, the usage nor an allocation's cost", "Nothing C++ crosses",
         requirement::allocation, &run_for_device<check_rollback_refused_calls>},
     check_definition{"options.grammar", "open options read within options_length by the documented grammar, refusals naming the key in printable UTF-8", "Exports",
-        requirement::device, &run_for_device<check_options_grammar>},
+        requirement::opened, &run_for_device<check_options_grammar>},
     check_definition{"outputs.every_path", "allocate writes a short output only within its struct_size on every size, alignment and refusal path", "Requests and outputs",
         requirement::opened, &run_for_device<check_outputs_every_path>},
     check_definition{"statuses.untouched_on_success", "a call that succeeds writes nothing into its status", "Nothing C++ crosses",
