@@ -180,7 +180,7 @@ inline constexpr std::array all_checks{
     check_definition{"misuse.precedence", "with several faults the first in M10's order decides the code", "Misuse",
         requirement::allocation, &run_for_device<check_misuse_precedence>},
     check_definition{"borrowing.after_open", "the open request is not read after the call, the callback table never written", "Ownership",
-        requirement::device, &run_for_device<check_borrowing_after_open>},
+        requirement::opened, &run_for_device<check_borrowing_after_open>},
     check_definition{"borrowing.request_cap", "a request above the 4096-byte cap is refused without being scanned", "Requests and outputs",
         requirement::opened, &run_for_device<check_borrowing_request_cap>},
     check_definition{"concurrency.usage_consistent", "usage totals racing allocate and release stay within what could be live", "Commit granularity and usage (minor 2)",
