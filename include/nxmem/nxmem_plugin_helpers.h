@@ -188,6 +188,34 @@ static inline void nxmem_copy_output(void *out, const void *value, size_t known)
  * non-empty one is key=value split at its first '=', key and value trimmed, the key non-empty, the
  * value possibly empty. The kit's nxmem::plugin::options reads the same grammar. */
 
+/* Copies `length` bytes of `text` (the host's bytes, an option say) into `out` (`capacity` bytes,
+ * NUL-terminated) for a message: printable ASCII as it is, every other byte as \xNN, so a message
+ * never echoes a raw byte (ABI.md E13). Stops before an escape that would not fit whole. */
+static inline void nxmem_printable(char *out, size_t capacity, const char *text, size_t length) {
+    static const char digits[] = "0123456789abcdef";
+    size_t written = 0;
+    if (capacity == 0) {
+        return;
+    }
+    for (size_t at = 0; at < length; ++at) {
+        const unsigned char byte = (unsigned char)text[at];
+        const int plain = byte >= 0x20u && byte < 0x7Fu && byte != '\\';
+        const size_t needed = plain ? 1u : 4u;
+        if (written + needed >= capacity) {
+            break;
+        }
+        if (plain) {
+            out[written++] = (char)byte;
+        } else {
+            out[written++] = '\\';
+            out[written++] = 'x';
+            out[written++] = digits[byte >> 4];
+            out[written++] = digits[byte & 0xFu];
+        }
+    }
+    out[written] = '\0';
+}
+
 /* One entry: pointers into the caller's options text, not NUL-terminated. */
 typedef struct NxmemOptionEntry {
     const char *key;
@@ -230,9 +258,10 @@ static inline int nxmem_option_next(const char **cursor, const char *end, NxmemO
         const char *key_first = first;
         nxmem_option_trim(&key_first, &key_last);
         if (equals == NULL || key_first == key_last) {
-            const int shown = last - first > 64 ? 64 : (int)(last - first);
+            char shown[96];
+            nxmem_printable(shown, sizeof shown, first, last - first > 64 ? 64u : (size_t)(last - first));
             nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
-                         "option '%.*s' is not of the form key=value", shown, first);
+                         "option '%s' is not of the form key=value", shown);
             return -1;
         }
         const char *value_first = equals + 1;
@@ -271,9 +300,11 @@ static inline NxmemStatusCode nxmem_option_check(const char *options, uint64_t l
         while ((again = nxmem_option_next(&inner, end, &later, status)) == 1) {
             if (later.key_length == entry.key_length &&
                 memcmp(later.key, entry.key, entry.key_length) == 0) {
-                const int shown = entry.key_length > 64 ? 64 : (int)entry.key_length;
+                char shown[96];
+                nxmem_printable(shown, sizeof shown, entry.key,
+                                entry.key_length > 64 ? 64u : entry.key_length);
                 return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
-                                    "option '%.*s' given twice", shown, entry.key);
+                                    "option '%s' given twice", shown);
             }
         }
         if (again < 0) {

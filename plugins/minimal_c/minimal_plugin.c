@@ -206,12 +206,21 @@ static NxmemStatusCode minimal_open_allocator(NxmemAllocatorFactoryVtable *self,
                             "open_allocator: minimal-c cannot open device index %d",
                             (int)request->device.index);
     }
-    if (request->options_length != 0) {
+    /* Options by the grammar of ABI.md X9: empty entries (";", blank lines) are no options. */
+    code = nxmem_option_check(request->options, request->options_length, status);
+    if (code != NXMEM_STATUS_OK) {
+        return code;
+    }
+    const char *cursor = request->options;
+    NxmemOptionEntry entry;
+    if (request->options_length != 0 &&
+        nxmem_option_next(&cursor, request->options + request->options_length, &entry, status) == 1) {
         /* A mechanism refuses what it does not understand; this one understands no option. */
-        const int shown = request->options_length > 64 ? 64 : (int)request->options_length;
+        /* The key named, escaped: the host's bytes are not ours to echo raw (ABI.md E13). */
+        char shown[96];
+        nxmem_printable(shown, sizeof shown, entry.key, entry.key_length > 64 ? 64u : entry.key_length);
         return nxmem_report(status, NXMEM_STATUS_INVALID_ARGUMENT,
-                            "open_allocator: minimal-c takes no options, got \"%.*s\"", shown,
-                            request->options == NULL ? "" : request->options);
+                            "open_allocator: minimal-c takes no options, got '%s'", shown);
     }
 
     MinimalAllocator *allocator = calloc(1, sizeof *allocator);

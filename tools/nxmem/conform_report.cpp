@@ -84,7 +84,8 @@ void print_conform_text(std::ostream& out, const std::vector<plugin_run>& runs) 
                 if (result.failed() || result.warned()) {
                     out << " (expected " << result.expected << ", got " << result.actual
                         << (result.rule.empty() ? std::string() : "; rule " + result.rule) << ')';
-                } else if (result.skipped()) {
+                } else if (!result.actual.empty()) {
+                    // a skip's reason, or what a pass measured (oom.clean_run's allocation count)
                     out << " (" << result.actual << ')';
                 }
                 out << '\n';
@@ -142,6 +143,8 @@ nlohmann::ordered_json conform_to_json(const std::vector<plugin_run>& runs) {
                     item["rules"] = check.result.rule; // the rule ids contradicted, space-separated
                 } else if (check.result.skipped()) {
                     item["reason"] = check.result.actual;
+                } else if (!check.result.actual.empty()) {
+                    item["detail"] = check.result.actual; // what a pass measured (oom.clean_run)
                 }
                 checks.push_back(std::move(item));
             }

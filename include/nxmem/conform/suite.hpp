@@ -7,19 +7,26 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/checks_allocation.hpp>
+#include <nxmem/conform/checks_borrowing.hpp>
 #include <nxmem/conform/checks_boundary.hpp>
 #include <nxmem/conform/checks_callbacks.hpp>
 #include <nxmem/conform/checks_capabilities.hpp>
 #include <nxmem/conform/checks_concurrency.hpp>
+#include <nxmem/conform/checks_edges.hpp>
 #include <nxmem/conform/checks_exports.hpp>
 #include <nxmem/conform/checks_factories.hpp>
 #include <nxmem/conform/checks_ipc.hpp>
 #include <nxmem/conform/checks_misuse.hpp>
 #include <nxmem/conform/checks_model.hpp>
+#include <nxmem/conform/checks_options.hpp>
+#include <nxmem/conform/checks_outputs.hpp>
+#include <nxmem/conform/checks_precedence.hpp>
+#include <nxmem/conform/checks_rollback.hpp>
 #include <nxmem/conform/checks_tables.hpp>
 #include <nxmem/conform/checks_unload.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
 #include <nxmem/conform/rules.hpp>
+#include <nxmem/conform/checks_usage_race.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -159,6 +166,27 @@ inline constexpr std::array all_checks{
         requirement::allocation, &check_callbacks_completion_reentry::run},
     check_definition{"callbacks.reclaim_pressure", "request_reclaim under a real budget: re-entered, honoured, refused", "Host callbacks",
         requirement::allocation, &check_callbacks_reclaim_pressure::run},
+    // Slips of issue 35, one class each; each check's `revision` says when its rule entered.
+    check_definition{"edges.sizes", "sizes near 2^64 and above 2^32 are refused or served whole", "Requests and outputs",
+        requirement::allocation, &run_for_device<check_edges_sizes>},
+    check_definition{"edges.ranges", "ranges whose offset + length wraps, or cut to 32 bits, are refused", "Misuse",
+        requirement::allocation, &run_for_device<check_edges_ranges>},
+    check_definition{"rollback.refused_calls", "a refused call changes neither the unload report, the usage nor an allocation's cost", "Nothing C++ crosses",
+        requirement::allocation, &run_for_device<check_rollback_refused_calls>},
+    check_definition{"options.grammar", "open options read within options_length by the documented grammar, refusals naming the key in printable UTF-8", "Exports",
+        requirement::opened, &run_for_device<check_options_grammar>},
+    check_definition{"outputs.every_path", "allocate writes a short output only within its struct_size on every size, alignment and refusal path", "Requests and outputs",
+        requirement::opened, &run_for_device<check_outputs_every_path>},
+    check_definition{"statuses.untouched_on_success", "a call that succeeds writes nothing into its status", "Nothing C++ crosses",
+        requirement::allocation, &run_for_device<check_statuses_untouched_on_success>},
+    check_definition{"misuse.precedence", "with several faults the first in M10's order decides the code", "Misuse",
+        requirement::allocation, &run_for_device<check_misuse_precedence>},
+    check_definition{"borrowing.after_open", "the open request is not read after the call, the callback table never written", "Ownership",
+        requirement::opened, &run_for_device<check_borrowing_after_open>},
+    check_definition{"borrowing.request_cap", "a request above the 4096-byte cap is refused without being scanned", "Requests and outputs",
+        requirement::opened, &run_for_device<check_borrowing_request_cap>},
+    check_definition{"concurrency.usage_consistent", "usage totals racing allocate and release stay within what could be live", "Commit granularity and usage (minor 2)",
+        requirement::allocation, &run_for_device<check_concurrency_usage_consistent>},
     // The reference model against random sequences (checks_model.hpp, model/).
     check_definition{"model.sequences", "random sequences of every operation agree with the reference model and the OS", "Ownership",
         requirement::allocation, &check_model_sequences::run},

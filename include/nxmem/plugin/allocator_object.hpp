@@ -298,6 +298,11 @@ private:
             [[unlikely]] {
             return detail::report_failure(status, malformed_allocation(request));
         }
+        if (request.size >= max_serveable_size) [[unlikely]] {
+            // Q18: no address space maps it, and a mechanism rounding it up could wrap past 2^64
+            // (libstdc++'s aligned operator new does) and serve a few bytes as OK.
+            return detail::report_failure(status, unserveable_size(request));
+        }
         result<block> memory = mechanism_->allocate(request.size, request.alignment);
         if (!memory) [[unlikely]] {
             return detail::report_failure(status, memory.error());
@@ -319,6 +324,13 @@ private:
         written.mapped_bytes = made.mapped_bytes;
         abi::store_output(out, written);
         return NXMEM_STATUS_OK;
+    }
+
+    // Sizes of 2^57 bytes or more (the host's own limit, M9) reach no mechanism.
+    static constexpr std::uint64_t max_serveable_size = std::uint64_t{1} << 57;
+    [[gnu::cold]] static error unserveable_size(const NxmemAllocRequest& request) {
+        return {status_code::out_of_memory, std::string(M::name) + ": " + std::to_string(request.size) +
+                                                " bytes is more than any address space maps (2^57 or more)"};
     }
 
     [[gnu::cold]] static error malformed_allocation(const NxmemAllocRequest& request) {
@@ -543,18 +555,20 @@ private:
 
     // ---- virtual backing ----
 
+    // M10: mechanism and device, then the range's values against the size the host describes
+    // (G5), and only then whether the allocation is live and so described.
     result<allocation_record> find_in_range(const NxmemRangeRequest& request) {
         NXMEM_TRY_VOID(check_identity(request.allocation.mechanism_id, request.allocation.device));
-        NXMEM_TRY(record, registry_.find(request.allocation));
         const std::uint64_t offset = request.range.offset;
         const std::uint64_t length = request.range.length;
-        if (length == 0 || offset > record.size || length > record.size - offset) {
+        const std::uint64_t size = request.allocation.size;
+        if (length == 0 || offset > size || length > size - offset) {
             return fail(status_code::invalid_argument,
                         "range [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                            ") is empty or lies outside the allocation of " +
-                            std::to_string(record.size) + " bytes");
+                            ") is empty or lies outside the allocation of " + std::to_string(size) +
+                            " bytes");
         }
-        return record;
+        return registry_.find(request.allocation);
     }
 
     static NxmemStatusCode slot_commit(NxmemAllocatorVtable* table, const NxmemRangeRequest* raw,

@@ -1,8 +1,10 @@
 // Open options as a mechanism sees them: `key=value` entries separated by ';' or '\n'. Every
-// option must be taken by the mechanism; one left over is refused with its name.
+// option must be taken by the mechanism; one left over is refused with its name. Messages show
+// keys and values through detail::printable: a raw byte the host sent never comes back (E13).
 #pragma once
 
 #include <nxmem/abi/result.hpp>
+#include <nxmem/detail/printable.hpp>
 
 #include <charconv>
 #include <cstdint>
@@ -34,11 +36,11 @@ public:
             const std::size_t equals = entry.find('=');
             if (equals == std::string_view::npos || trim(entry.substr(0, equals)).empty()) {
                 return fail(status_code::invalid_argument,
-                            "option '" + std::string(entry) + "' is not of the form key=value");
+                            "option '" + nxmem::detail::printable(entry) + "' is not of the form key=value");
             }
             std::string key(trim(entry.substr(0, equals)));
             if (parsed.find(key) != parsed.entries_.end()) {
-                return fail(status_code::invalid_argument, "option '" + key + "' given twice");
+                return fail(status_code::invalid_argument, "option '" + nxmem::detail::printable(key) + "' given twice");
             }
             parsed.entries_.push_back({std::move(key), std::string(trim(entry.substr(equals + 1))), false});
         }
@@ -72,7 +74,7 @@ public:
         }
         if (error != std::errc{} || rest != last || (shift != 0 && value > (UINT64_MAX >> shift))) {
             return fail(status_code::invalid_argument,
-                        "option '" + std::string(key) + "' = '" + *text + "' is not a byte count");
+                        "option '" + nxmem::detail::printable(key) + "' = '" + nxmem::detail::printable(*text) + "' is not a byte count");
         }
         return std::optional<std::uint64_t>{value << shift};
     }
@@ -90,7 +92,7 @@ public:
             return std::optional<bool>{false};
         }
         return fail(status_code::invalid_argument,
-                    "option '" + std::string(key) + "' = '" + *text + "' is not a boolean");
+                    "option '" + nxmem::detail::printable(key) + "' = '" + nxmem::detail::printable(*text) + "' is not a boolean");
     }
 
     // INVALID_ARGUMENT naming every option nobody took.
@@ -98,7 +100,7 @@ public:
         std::string unknown;
         for (const entry& item : entries_) {
             if (!item.taken) {
-                unknown += (unknown.empty() ? "'" : ", '") + item.key + "'";
+                unknown += (unknown.empty() ? "'" : ", '") + nxmem::detail::printable(item.key) + "'";
             }
         }
         if (!unknown.empty()) {

@@ -1,0 +1,139 @@
+// The checks of issue 35's slip classes (edges, failure paths, options, outputs and statuses,
+// precedence, borrowing, racing queries) against a fixture slip each (fixtures/slips_plugin.cpp):
+// each slip fails the check of its class, naming what it did; and every production mechanism (the
+// test plugin's conforming ones, posix, the C example, cuda on the fake driver) passes every one of
+// them. The checks' rules, with the release they entered, are pinned in docs/ABI.md.
+#include "../support/conform_results.hpp"
+#include "../support/plugin_paths.hpp"
+
+#include <nxmem/conform.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace nxmem;
+
+namespace {
+
+// The checks this file is about.
+const std::vector<std::string_view>& slip_checks() {
+    static const std::vector<std::string_view> ids{
+        "edges.sizes",       "edges.ranges",       "rollback.refused_calls",        "options.grammar",
+        "outputs.every_path", "misuse.precedence", "statuses.untouched_on_success", "borrowing.after_open",
+        "borrowing.request_cap", "concurrency.usage_consistent"};
+    return ids;
+}
+
+std::vector<conform::check_result> run_slip_checks(const conform::subject& target,
+                                                   const conform::suite_options& options = {}) {
+    std::vector<conform::check_result> results;
+    for (std::string_view id : slip_checks()) {
+        const conform::check_definition* check = conform::find_check(id);
+        REQUIRE(check != nullptr);
+        results.push_back(conform::run_check(*check, target, options));
+    }
+    return results;
+}
+
+void require_passes(const std::string& path, const std::string& mechanism, device_id device,
+                    const std::string& options = {}) {
+    INFO("mechanism " << mechanism << " with options '" << options << "'");
+    conform::suite_options suite;
+    suite.mechanism_options = options;
+    const auto results = run_slip_checks(conform::subject{path, mechanism, device, options}, suite);
+    INFO(test::failures_of(results));
+    CHECK(test::failed_ids(results).empty());
+    std::size_t passed = 0;
+    for (const auto& result : results) {
+        passed += result.passed() ? 1 : 0;
+    }
+    CHECK(passed >= 6); // most of them apply to every mechanism
+}
+
+} // namespace
+
+TEST_CASE("each planted slip fails the check of its class, naming what it did", "[conform][slips]") {
+    const char* path = std::getenv("NXMEM_SLIPS_PLUGIN");
+    REQUIRE(path != nullptr);
+    struct expectation {
+        const char* mechanism;
+        const char* check;
+        const char* options;
+        const char* named; // the failure says this
+    };
+    const expectation slip = GENERATE(
+        expectation{"truncated-size", "edges.sizes", "", "short of the size asked"},
+        expectation{"wrapping-range", "edges.ranges", "", "offset + length wraps"},
+        expectation{"leaky-budget", "rollback.refused_calls", "", "NxmemAllocatorUsage.reserved_bytes went from"},
+        expectation{"counts-refused-open", "rollback.refused_calls", "", "NxmemUnloadReport.live_allocators went from"},
+        expectation{"options-past-length", "options.grammar", "", "SIGSEGV"},
+        expectation{"first-known-wins", "options.grammar", "mmap_threshold=64k", "the open succeeded"},
+        expectation{"raw-echo", "options.grammar", "", "valid UTF-8 without control bytes"},
+        expectation{"large-output-overrun", "outputs.every_path", "", "1048577 bytes"},
+        expectation{"status-on-success", "statuses.untouched_on_success", "", "changed the status at offset"},
+        expectation{"values-before-device", "misuse.precedence", "", "M10: the first fault"},
+        expectation{"keeps-options", "borrowing.after_open", "mmap_threshold=64k", "SIGSEGV"},
+        expectation{"writes-callbacks", "borrowing.after_open", "", "SIGSEGV"},
+        expectation{"scans-above-cap", "borrowing.request_cap", "", "SIGSEGV"},
+        expectation{"racy-usage", "concurrency.usage_consistent", "", "wrapped below zero"});
+    INFO("mechanism " << slip.mechanism << ", check " << slip.check);
+    conform::suite_options options;
+    options.mechanism_options = slip.options;
+    const conform::subject target{path, slip.mechanism, device_id{NXMEM_DEVICE_CPU, 0}, slip.options};
+    const auto results = conform::run_checks(target, {slip.check}, options);
+    REQUIRE(results.size() == 1);
+    INFO(results[0].expected << " / " << results[0].actual);
+    CHECK(results[0].failed());
+    CHECK_THAT(results[0].expected + " " + results[0].actual, Catch::Contains(slip.named));
+}
+
+TEST_CASE("the production mechanisms pass every slip check", "[conform][slips]") {
+    SECTION("the test plugin's conforming mechanisms") {
+        for (const char* mechanism : {"eager", "legacy-1-0", "lazy"}) {
+            require_passes(test::testplugin_path(), mechanism, device_id{NXMEM_DEVICE_CPU, 0});
+        }
+    }
+    SECTION("the C example") {
+        require_passes(test::minimal_c_plugin_path(), "minimal-c", device_id{NXMEM_DEVICE_CPU, 0});
+    }
+    SECTION("posix, plain and with options (a budget, the grammar fuzzed around them)") {
+        const char* posix = std::getenv("NXMEM_POSIX_PLUGIN");
+        if (posix == nullptr) {
+            WARN("NXMEM_POSIX_PLUGIN is not set: posix not checked");
+            return;
+        }
+        require_passes(posix, "posix-eager", device_id{NXMEM_DEVICE_CPU, 0});
+        require_passes(posix, "posix-eager", device_id{NXMEM_DEVICE_CPU, 0}, "budget=8M;mmap_threshold=64k;populate=0");
+        require_passes(posix, "posix-lazy", device_id{NXMEM_DEVICE_CPU, 0});
+        require_passes(posix, "posix-lazy", device_id{NXMEM_DEVICE_CPU, 0}, "share=memfd");
+    }
+    SECTION("cuda on the fake driver") {
+        const char* cuda = std::getenv("NXMEM_CUDA_PLUGIN");
+        if (cuda == nullptr) {
+            WARN("NXMEM_CUDA_PLUGIN is not set: cuda not checked");
+            return;
+        }
+        for (const char* mechanism : {"cuda-eager", "cuda-vmm"}) {
+            require_passes(cuda, mechanism, device_id{NXMEM_DEVICE_CUDA, 0});
+        }
+    }
+}
+
+TEST_CASE("every slip check states the rule it proves and when that rule entered", "[conform][slips]") {
+    STATIC_REQUIRE(!conform::check_edges_sizes::revision.host_needs_it);
+    STATIC_REQUIRE(conform::check_rollback_refused_calls::revision.host_needs_it);
+    for (const conform::rule_revision& revision :
+         {conform::check_edges_sizes::revision, conform::check_edges_ranges::revision,
+          conform::check_rollback_refused_calls::revision, conform::check_options_grammar::revision,
+          conform::check_outputs_every_path::revision, conform::check_statuses_untouched_on_success::revision,
+          conform::check_misuse_precedence::revision, conform::check_borrowing_after_open::revision,
+          conform::check_borrowing_request_cap::revision, conform::check_concurrency_usage_consistent::revision}) {
+        INFO(revision.rules);
+        CHECK_FALSE(revision.rules.empty());
+        CHECK(revision.entered == "2026-12-04");
+        CHECK(revision.why_needed.size() > 20);
+    }
+}
