@@ -125,7 +125,7 @@ TEST_CASE("the production mechanisms pass every slip check", "[conform][slips]")
 TEST_CASE("every slip check states the rule it proves and when that rule entered", "[conform][slips]") {
     STATIC_REQUIRE(!conform::check_edges_sizes::revision.host_needs_it);
     STATIC_REQUIRE(conform::check_rollback_refused_calls::revision.host_needs_it);
-    for (const conform::rule_revision& revision :
+    for (const conform::check_revision& revision :
          {conform::check_edges_sizes::revision, conform::check_edges_ranges::revision,
           conform::check_rollback_refused_calls::revision, conform::check_options_grammar::revision,
           conform::check_outputs_every_path::revision, conform::check_statuses_untouched_on_success::revision,

@@ -16,7 +16,7 @@
 #include <nxmem/conform/detail/raw_library.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/detail/state_snapshot.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -69,7 +69,7 @@ struct borrowing_seen {
 // borrowing.after_open (O6, O13): nothing of the open request is read once open_allocator
 // returned, and the callback table is never written.
 struct check_borrowing_after_open {
-    static constexpr rule_revision revision{"O6, O13", "1.0", "2026-12-04", true,
+    static constexpr check_revision revision{"O6, O13", "1.0", "2026-12-04", true,
                                             "a read of a buffer the host freed after the call, or a write "
                                             "into its callback table, is a fault in the host's process"};
 
@@ -162,7 +162,7 @@ struct check_borrowing_after_open {
 // borrowing.request_cap (Q4): a request whose struct_size exceeds 4096 is refused without being
 // scanned.
 struct check_borrowing_request_cap {
-    static constexpr rule_revision revision{"Q4", "1.0", "2026-12-04", true,
+    static constexpr check_revision revision{"Q4", "1.0", "2026-12-04", true,
                                             "a scan past the record the host lent reads memory that may not "
                                             "exist, a fault in the host's process"};
 

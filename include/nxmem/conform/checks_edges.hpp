@@ -10,7 +10,7 @@
 #include <nxmem/conform/checks_boundary.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/detail/state_snapshot.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/hex.hpp>
@@ -24,7 +24,7 @@ namespace nxmem::conform {
 // edges.sizes (Q18, Q11): a size near 2^64, or one above 2^32, is refused or served whole: an
 // accepted result is at least the size asked and does not wrap the address space.
 struct check_edges_sizes {
-    static constexpr rule_revision revision{"Q18", "1.0", "2026-12-04", false,
+    static constexpr check_revision revision{"Q18", "1.0", "2026-12-04", false,
                                             "the host refuses a short result (Q11) and any size of 2^57 "
                                             "or more (M9) before the plugin sees it"};
 
@@ -81,7 +81,7 @@ struct check_edges_sizes {
 // inside the allocation, or whose offset lies inside it only when cut to 32 bits, is refused with
 // INVALID_ARGUMENT and commits nothing.
 struct check_edges_ranges {
-    static constexpr rule_revision revision{"Q18", "1.0", "2026-12-04", false,
+    static constexpr check_revision revision{"Q18", "1.0", "2026-12-04", false,
                                             "the host checks every range against the allocation before "
                                             "it calls the plugin (M7)"};
 

@@ -14,7 +14,7 @@
 #include <nxmem/conform/detail/contained_call.hpp>
 #include <nxmem/conform/detail/guarded_memory.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/printable.hpp>
@@ -158,7 +158,7 @@ struct open_seen {
 
 // options.grammar (X9, Q14, E13).
 struct check_options_grammar {
-    static constexpr rule_revision revision{"X9, Q14, E13", "1.0", "2026-12-04", true,
+    static constexpr check_revision revision{"X9, Q14, E13", "1.0", "2026-12-04", true,
                                             "a plugin that reads past options_length faults in the host's "
                                             "process, and one that skips keys silently ignores the "
                                             "operator's configuration; E13 alone (messages) warns"};

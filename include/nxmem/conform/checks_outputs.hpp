@@ -16,7 +16,7 @@
 #include <nxmem/conform/detail/contained_call.hpp>
 #include <nxmem/conform/detail/guarded_memory.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -33,7 +33,7 @@ namespace nxmem::conform {
 // writes an NxmemAllocResult of the smallest struct_size only within it, and refuses one of 8
 // bytes (too small for the baseline) untouched.
 struct check_outputs_every_path {
-    static constexpr rule_revision revision{"Q6", "1.0", "2026-12-04", true,
+    static constexpr check_revision revision{"Q6", "1.0", "2026-12-04", true,
                                             "a write past the receiver's struct_size corrupts the host's "
                                             "memory, which nothing on the host's side can prevent"};
 
@@ -176,7 +176,7 @@ struct success_seen {
 // statuses.untouched_on_success (E14): a call that returns OK leaves its status as the caller set
 // it, for the full 264 bytes and for the smallest status of 8.
 struct check_statuses_untouched_on_success {
-    static constexpr rule_revision revision{"E14", "1.0", "2026-12-04", false,
+    static constexpr check_revision revision{"E14", "1.0", "2026-12-04", false,
                                             "the host reads no status after OK (E3), and a write past "
                                             "struct_size is boundary.status_within_size's"};
 

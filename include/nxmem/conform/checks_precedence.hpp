@@ -10,7 +10,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -22,7 +22,7 @@ namespace nxmem::conform {
 
 // misuse.precedence (M10).
 struct check_misuse_precedence {
-    static constexpr rule_revision revision{"M10", "1.0", "2026-12-04", false,
+    static constexpr check_revision revision{"M10", "1.0", "2026-12-04", false,
                                             "the host checks mechanism, device and liveness itself before "
                                             "it calls the plugin; only the code of a direct call differs"};
 

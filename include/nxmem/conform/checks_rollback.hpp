@@ -10,7 +10,7 @@
 #include <nxmem/conform/checks_boundary.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/detail/state_snapshot.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -164,7 +164,7 @@ inline std::vector<refused_call> calls_to_refuse(const raw_slots& slots, const N
 // a live allocation's cost as they were; with the subject's options (a budget, say) the refusals
 // for want of memory included.
 struct check_rollback_refused_calls {
-    static constexpr rule_revision revision{"E12", "1.0", "2026-12-04", true,
+    static constexpr check_revision revision{"E12", "1.0", "2026-12-04", true,
                                             "a refusal that keeps a count blocks unload for ever and a "
                                             "charge kept for a failed call starves the budget"};
 

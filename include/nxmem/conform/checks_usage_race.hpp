@@ -9,7 +9,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/detail/state_snapshot.hpp>
-#include <nxmem/conform/rule_revision.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 
@@ -24,7 +24,7 @@ namespace nxmem::conform {
 
 // concurrency.usage_consistent (G6).
 struct check_concurrency_usage_consistent {
-    static constexpr rule_revision revision{"G6", "1.2", "2026-12-04", false,
+    static constexpr check_revision revision{"G6", "1.2", "2026-12-04", false,
                                             "the host reads usage only to report it; a governor that acts "
                                             "on a wrapped total is misled, not corrupted"};
 

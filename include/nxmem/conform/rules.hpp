@@ -98,6 +98,7 @@ inline constexpr std::array contract_rules{
     rule_revision{"Q15", 2, "2026-12-01", {}},
     rule_revision{"Q16", 2, "2026-12-01", {}},
     rule_revision{"Q17", 2, "2026-12-01", {}},
+    rule_revision{"Q18", 3, "2026-12-04", {}},
     rule_revision{"S1", 1, "2026-11-29", {}},
     rule_revision{"S2", 1, "2026-11-29", {}},
     rule_revision{"S3", 1, "2026-11-29", {}},
@@ -137,6 +138,9 @@ inline constexpr std::array contract_rules{
     rule_revision{"E9", 2, "2026-12-01", "a write past the status's struct_size lands in the caller's memory, which no host can take back"},
     rule_revision{"E10", 2, "2026-12-01", {}},
     rule_revision{"E11", 3, "2026-12-02", "a call refused for want of memory that changed something anyway leaves the host's records and the plugin's apart, with no status saying so"},
+    rule_revision{"E12", 3, "2026-12-04", "a refusal that keeps a count blocks unload for ever, and a charge kept for a failed call starves the budget"},
+    rule_revision{"E13", 3, "2026-12-04", {}},
+    rule_revision{"E14", 3, "2026-12-04", {}},
     rule_revision{"M1", 1, "2026-11-29", {}},
     rule_revision{"M2", 1, "2026-11-29", {}},
     rule_revision{"M3", 1, "2026-11-29", {}},
@@ -159,6 +163,7 @@ inline constexpr std::array contract_rules{
     rule_revision{"O9", 1, "2026-11-29", {}},
     rule_revision{"O11", 2, "2026-12-01", "memory an allocation, allocator or load does not give back is lost to the host's process for good"},
     rule_revision{"O12", 2, "2026-12-01", "what a released factory keeps is lost to the host's process at every load"},
+    rule_revision{"O13", 3, "2026-12-04", "a write into the host's callback table, which a host may keep in read-only memory, is a fault in the host's process"},
     rule_revision{"RO1", 1, "2026-11-29", {}},
     rule_revision{"RO2", 1, "2026-11-29", {}},
     rule_revision{"RO3", 1, "2026-11-29", {}},
@@ -203,6 +208,7 @@ inline constexpr std::array contract_rules{
     rule_revision{"G3", 2, "2026-11-30", {}},
     rule_revision{"G4", 2, "2026-11-30", {}},
     rule_revision{"G5", 2, "2026-12-01", {}},
+    rule_revision{"G6", 3, "2026-12-04", {}},
     rule_revision{"IP1", 3, "2026-12-02", {}},
     rule_revision{"IP2", 3, "2026-12-02", {}},
     rule_revision{"IP3", 3, "2026-12-02", {}},
@@ -290,7 +296,18 @@ inline constexpr std::array rules_by_check{
     check_rules{"unload.refused_while_live", "U3"},
     check_rules{"unload.unmapped", "U5 U6"},
     check_rules{"allocation.writable", "Q11 G5"},
-    check_rules{"capability.ipc", "IP1 IP2 IP3 IP4 IP5 IP6 IP7 IP8 IP9 IP10 IP11 IP13 IP14"},};
+    check_rules{"capability.ipc", "IP1 IP2 IP3 IP4 IP5 IP6 IP7 IP8 IP9 IP10 IP11 IP13 IP14"},
+    check_rules{"edges.sizes", "Q18 Q11"},
+    check_rules{"edges.ranges", "Q18 M7"},
+    check_rules{"rollback.refused_calls", "E12"},
+    check_rules{"options.grammar", "X9 Q14 E13"},
+    check_rules{"outputs.every_path", "Q6 Q7"},
+    check_rules{"statuses.untouched_on_success", "E14"},
+    check_rules{"misuse.precedence", "M10"},
+    check_rules{"borrowing.after_open", "O6 O13"},
+    check_rules{"borrowing.request_cap", "Q4"},
+    check_rules{"concurrency.usage_consistent", "G6"},
+};
 // clang-format on
 
 inline const rule_revision* find_rule(std::string_view id) noexcept {

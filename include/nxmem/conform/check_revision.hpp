@@ -9,7 +9,7 @@
 
 namespace nxmem::conform {
 
-struct rule_revision {
+struct check_revision {
     std::string_view rules;        // the numbered rules of docs/ABI.md the check proves: "E12"
     std::string_view minor;        // the minor whose plugins the rule binds: "1.0" (every one)
     std::string_view entered;      // the release it entered in, as a date: "2026-12-04"
