@@ -4,7 +4,7 @@
 # library search, which would look in the system's directories and fail with "cannot open shared
 # object file". A bare name that does not exist says so, naming ./NAME.
 # Usage: bare_plugin_name.sh NXMEM_TOOL PLUGIN_PATH
-tool=$1
+tool=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # absolute: the test changes directory
 plugin=$2
 cd "$(dirname "$plugin")" || exit 1
 name=$(basename "$plugin")
