@@ -78,6 +78,8 @@ struct option_case {
     bool accepted = false;
     std::string named; // a refusal's message names this ("" when the key cannot be named)
     std::string why;   // the grammar's reason
+    std::string rule;  // what a wrong answer contradicts: Q14 (unknown keys, since the first
+                       // contract) or X9 (the grammar's details, since 1.2 of 2026-12-01)
 };
 
 // The cases: the grammar's accepted forms of `entries`, and its refusals.
@@ -106,23 +108,23 @@ inline std::vector<option_case> option_cases(const std::vector<option_entry>& en
     const std::string base = join(entries, false);
     const std::string unknown = "nxmem_conform_unknown";
     std::vector<option_case> cases;
-    cases.push_back({base, true, "", "the suite's options as given"});
+    cases.push_back({base, true, "", "the suite's options as given", "Q14"});
     for (int round = 0; round < 6; ++round) {
         std::vector<option_entry> shuffled = entries;
         std::shuffle(shuffled.begin(), shuffled.end(), random);
-        cases.push_back({join(shuffled, true), true, "", "the same entries reordered, with blanks and empty entries"});
+        cases.push_back({join(shuffled, true), true, "", "the same entries reordered, with blanks and empty entries", "X9"});
     }
-    cases.push_back({base + (base.empty() ? "" : ";") + unknown + "=1", false, unknown, "an unknown key after every known one"});
-    cases.push_back({unknown + "=1;" + base, false, unknown, "an unknown key before every known one"});
+    cases.push_back({base + (base.empty() ? "" : ";") + unknown + "=1", false, unknown, "an unknown key after every known one", "Q14"});
+    cases.push_back({unknown + "=1;" + base, false, unknown, "an unknown key before every known one", "Q14"});
     for (int round = 0; round < 3; ++round) {
         std::vector<option_entry> with = entries;
         with.insert(with.begin() + static_cast<std::ptrdiff_t>(pick(with.size() + 1)), option_entry{unknown, "2"});
-        cases.push_back({join(with, true), false, unknown, "an unknown key among the known ones"});
+        cases.push_back({join(with, true), false, unknown, "an unknown key among the known ones", "Q14"});
     }
     for (const option_entry& item : entries) {
         std::vector<option_entry> twice = entries;
         twice.push_back(item);
-        cases.push_back({join(twice, false), false, item.key, "the key " + item.key + " given twice"});
+        cases.push_back({join(twice, false), false, item.key, "the key " + item.key + " given twice", "X9"});
         if (is_number(item.value)) {
             std::vector<option_entry> negative = entries;
             for (option_entry& changed : negative) {
@@ -131,20 +133,20 @@ inline std::vector<option_case> option_cases(const std::vector<option_entry>& en
                 }
             }
             cases.push_back({join(negative, false), false, item.key,
-                             "a negative number for " + item.key + " (no byte count is negative)"});
+                             "a negative number for " + item.key + " (no byte count is negative)", "X9"});
         }
     }
     cases.push_back({base + (base.empty() ? "" : ";") + "nxmem_conform_no_equals", false,
-                     "nxmem_conform_no_equals", "an entry without '='"});
-    cases.push_back({base + (base.empty() ? "" : ";") + " =1", false, "", "an empty key"});
+                     "nxmem_conform_no_equals", "an entry without '='", "X9"});
+    cases.push_back({base + (base.empty() ? "" : ";") + " =1", false, "", "an empty key", "X9"});
     cases.push_back({base + (base.empty() ? "" : ";") + "nxmem_conform_\xff\x01\x1b[31m=1", false, "",
-                     "an unknown key of raw bytes (0xff, a control byte, an escape sequence)"});
+                     "an unknown key of raw bytes (0xff, a control byte, an escape sequence)", "Q14"});
     std::string long_key = "nxmem_conform_";
     while (long_key.size() < 400) {
         long_key += "\xc3\xa9"; // U+00E9: a cut at an odd byte would split it
     }
     cases.push_back({base + (base.empty() ? "" : ";") + long_key + "=1", false, "",
-                     "an unknown 400-byte key of two-byte UTF-8 sequences"});
+                     "an unknown 400-byte key of two-byte UTF-8 sequences", "Q14"});
     return cases;
 }
 
@@ -160,8 +162,10 @@ struct open_seen {
 struct check_options_grammar {
     static constexpr check_revision revision{"X9, Q14, E13", "1.0", "2026-12-04", true,
                                             "a plugin that reads past options_length faults in the host's "
-                                            "process, and one that skips keys silently ignores the "
-                                            "operator's configuration; E13 alone (messages) warns"};
+                                            "process, and one that takes unknown keys silently ignores the "
+                                            "operator's configuration (Q14, since the first contract); "
+                                            "X9's details (';', blanks, empty entries, keys given twice) and "
+                                            "E13 (messages) warn for plugins declaring a minor before them"};
 
     template <Device D> static finding run(const subject& target, const suite_options& options) {
         const std::optional<std::vector<detail::option_entry>> entries = detail::parse_options(target.options);
@@ -189,31 +193,32 @@ struct check_options_grammar {
                 return seen;
             });
             if (!called.value) {
-                return failed("options read within options_length only (Q14: not NUL-terminated)",
-                              "open with " + shown + ": " + called.failure);
+                return failed_rule("Q14", "options read within options_length only (Q14: not NUL-terminated)",
+                                   "open with " + shown + ": " + called.failure);
             }
             const std::string message(called.value->message);
             const NxmemStatusCode code = called.value->code;
             if (test.accepted) {
                 if (code != NXMEM_STATUS_OK) {
-                    return failed("the grammar accepts " + shown + " (X9)",
-                                  code_name(code) + " (" + nxmem::detail::printable(message) + ")");
+                    return failed_rule(test.rule, "the grammar accepts " + shown + " (" + test.rule + ")",
+                                       code_name(code) + " (" + nxmem::detail::printable(message) + ")");
                 }
                 continue;
             }
             if (code != NXMEM_STATUS_INVALID_ARGUMENT) {
-                return failed("INVALID_ARGUMENT for " + shown + " (X9)",
-                              code_name(code) + (code == NXMEM_STATUS_OK ? ": the open succeeded" : " (" + nxmem::detail::printable(message) + ")"));
+                return failed_rule(test.rule, "INVALID_ARGUMENT for " + shown + " (" + test.rule + ")",
+                                   code_name(code) + (code == NXMEM_STATUS_OK ? ": the open succeeded"
+                                                                                : " (" + nxmem::detail::printable(message) + ")"));
             }
             if (const std::size_t bad = nxmem::detail::first_unprintable(message); bad != std::string::npos) {
-                return failed("a message of valid UTF-8 without control bytes, whatever bytes it names (E13)",
-                              "the refusal of " + shown + " carries byte 0x" +
-                                  nxmem::detail::printable(std::string(1, message[bad])).substr(2) +
-                                  " at offset " + std::to_string(bad) + ": '" +
-                                  nxmem::detail::printable(message) + "'");
+                return failed_rule("E13", "a message of valid UTF-8 without control bytes, whatever bytes it names (E13)",
+                                   "the refusal of " + shown + " carries byte 0x" +
+                                       nxmem::detail::printable(std::string(1, message[bad])).substr(2) +
+                                       " at offset " + std::to_string(bad) + ": '" +
+                                       nxmem::detail::printable(message) + "'");
             }
             if (!test.named.empty() && message.find(test.named) == std::string::npos) {
-                return failed("the refusal names '" + test.named + "' (X9)",
+                return failed_rule(test.rule, "the refusal names '" + test.named + "' (" + test.rule + ")",
                               "the refusal of " + shown + " says '" + nxmem::detail::printable(message) + "'");
             }
         }
