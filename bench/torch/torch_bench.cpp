@@ -4,7 +4,8 @@
 // the order rotating), medians and minor page faults per pass (getrusage), ratios against
 // PyTorch's allocator in the same run.
 //
-//   torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR]
+//   torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR] [--contenders ...]
+//   [--colour 1]   (--help says more)
 //
 // OMP_WAIT_POLICY: unless the environment sets it, the bench runs itself again with PASSIVE.
 // PyTorch's intra-op threads are libgomp's, and an idle libgomp worker spins (ACTIVE, the
@@ -19,6 +20,8 @@
 // and their size distributions, and measures nothing.
 #include "torch_installation.hpp"
 #include "transformer_workload.hpp"
+
+#include <CLI/CLI.hpp>
 
 #include <dlfcn.h>
 #include <sys/resource.h>
@@ -212,44 +215,42 @@ int trace(const std::string& directory, const transformer_shape& shape) {
 
 int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0); // each table line as soon as it is measured
+    int rounds = 11;
+    std::vector<int> thread_counts{1, 2};
+    std::string shape_name = "full";
+    std::string trace_directory;
+    std::vector<std::string> chosen; // empty: all
+    int colour = 0;
+    CLI::App app{"The transformer of issue 22 with PyTorch's CPU allocator and nxmem's posix plugin, direct and "
+                 "pooled: median forward pass and training step times, ratios against PyTorch's allocator "
+                 "(docs/TORCH.md, \"Cost\")",
+                 "torch_bench"};
+    app.add_option("--rounds", rounds, "Interleaved rounds, after one warm-up round")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    app.add_option("--threads", thread_counts, "PyTorch's intra-op thread counts to measure, e.g. 1,2")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    app.add_option("--shape", shape_name, "The model: full (issue 22's) or small (a quick look)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"full", "small"}));
+    app.add_option("--trace", trace_directory,
+                   "Write the allocation traces of one forward pass and one training step to DIR and measure "
+                   "nothing (format: bench/traces/README.md)");
+    app.add_option("--contenders", chosen, "A subset of the nxmem contenders (PyTorch's allocator is always measured)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"eager-direct", "eager-pooled", "lazy-direct", "lazy-pooled"}));
+    app.add_option("--colour", colour, "1: add each contender again with its tensors at varied cache-line offsets")
+        ->check(CLI::Range(0, 1));
+    CLI11_PARSE(app, argc, argv);
     if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy == nullptr || *policy == '\0') { // see the top
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
         std::perror("torch_bench: running again with OMP_WAIT_POLICY=PASSIVE");
         return 1;
     }
-    int rounds = 11;
-    std::vector<int> thread_counts{1, 2};
-    transformer_shape shape;
-    std::string trace_directory;
-    std::string chosen; // empty: all
-    bool colour = false;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const std::string flag = argv[i];
-        const std::string value = argv[i + 1];
-        if (flag == "--rounds") {
-            rounds = std::max(1, std::atoi(value.c_str()));
-        } else if (flag == "--threads") {
-            thread_counts.clear();
-            for (char c : value) {
-                if (c >= '1' && c <= '9') {
-                    thread_counts.push_back(c - '0');
-                }
-            }
-        } else if (flag == "--shape" && value == "small") {
-            shape = torch_engine::small_transformer;
-        } else if (flag == "--trace") {
-            trace_directory = value;
-        } else if (flag == "--contenders") {
-            chosen = "," + value + ",";
-        } else if (flag == "--colour") {
-            colour = value == "1";
-        } else {
-            std::fprintf(stderr, "usage: torch_bench [--rounds N] [--threads 1,2] [--shape small] [--trace DIR] "
-                                 "[--contenders eager-direct,eager-pooled,lazy-direct,lazy-pooled] [--colour 1]\n");
-            return 2;
-        }
-    }
+    const transformer_shape shape = shape_name == "small" ? torch_engine::small_transformer : transformer_shape{};
     if (!trace_directory.empty()) {
         return trace(trace_directory, shape);
     }
@@ -263,13 +264,13 @@ int main(int argc, char** argv) {
     for (const char* mechanism : {"posix-eager", "posix-lazy"}) {
         for (bool pooled : {false, true}) {
             const std::string key = std::string(mechanism + 6) + (pooled ? "-pooled" : "-direct");
-            if (!chosen.empty() && chosen.find("," + key + ",") == std::string::npos) {
+            if (!chosen.empty() && std::find(chosen.begin(), chosen.end(), key) == chosen.end()) {
                 continue;
             }
             auto& installed = installation::install(plugin, mechanism, "", pooled);
             contenders.push_back({std::string("nxmem ") + mechanism + (pooled ? " pooled" : " direct"),
                                   &installed.allocator()});
-            if (colour) {
+            if (colour == 1) {
                 contenders.push_back({std::string("nxmem ") + mechanism + (pooled ? " pooled" : " direct") +
                                           " col",
                                       new colouring_allocator(installed.allocator())});
