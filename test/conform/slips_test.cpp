@@ -7,9 +7,11 @@
 #include "../support/plugin_paths.hpp"
 
 #include <nxmem/conform.hpp>
+#include <nxmem/conform/detail/heap_fill_pause.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -137,3 +139,46 @@ TEST_CASE("every slip check states the rule it proves and when that rule entered
         CHECK(revision.why_needed.size() > 20);
     }
 }
+
+// glibc's own heap only: under ASan (GCC's __SANITIZE_ADDRESS__, clang's __has_feature) malloc is
+// the sanitizer's, which fills blocks its own way and ignores mallopt.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NXMEM_TEST_SANITIZED_HEAP 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define NXMEM_TEST_SANITIZED_HEAP 1
+#endif
+#if defined(__GLIBC__) && defined(M_PERTURB) && !defined(NXMEM_TEST_SANITIZED_HEAP)
+TEST_CASE("edges.sizes turns glibc's heap fill off while it probes, and back on from the environment after",
+          "[conform][slips]") {
+    // A block above the mmap threshold comes from the kernel zeroed; with M_PERTURB p, malloc
+    // fills it with p ^ 0xff. The 2^32 + 4096-byte probe must not be written (heap_fill_pause.hpp).
+    auto fresh_block_filled_with = [](unsigned char byte) {
+        constexpr std::size_t size = 8u << 20;
+        auto* block = static_cast<unsigned char*>(std::malloc(size));
+        REQUIRE(block != nullptr);
+        const bool filled = std::all_of(block, block + size, [byte](unsigned char seen) { return seen == byte; });
+        std::free(block);
+        return filled;
+    };
+    const char* before = std::getenv("MALLOC_PERTURB_");
+    const std::string saved = before == nullptr ? "" : before;
+    REQUIRE(::setenv("MALLOC_PERTURB_", "90", 1) == 0); // 0x5a: blocks filled with 0xa5
+    ::mallopt(M_PERTURB, 0x5a);
+    CHECK(fresh_block_filled_with(0xa5));
+    {
+        const conform::detail::heap_fill_pause pause;
+        CHECK(fresh_block_filled_with(0x00));
+    }
+    CHECK(fresh_block_filled_with(0xa5));
+    if (saved.empty()) {
+        ::unsetenv("MALLOC_PERTURB_");
+        ::mallopt(M_PERTURB, 0);
+    } else {
+        ::setenv("MALLOC_PERTURB_", saved.c_str(), 1);
+        ::mallopt(M_PERTURB, std::atoi(saved.c_str()));
+    }
+}
+#endif

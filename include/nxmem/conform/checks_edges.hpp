@@ -8,6 +8,7 @@
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/checks_accounting.hpp>
 #include <nxmem/conform/checks_boundary.hpp>
+#include <nxmem/conform/detail/heap_fill_pause.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/detail/state_snapshot.hpp>
 #include <nxmem/conform/check_revision.hpp>
@@ -43,6 +44,7 @@ struct check_edges_sizes {
             {(1ull << 63) + 1, 8, "2^63 + 1 bytes"},
             {(1ull << 32) + 4096, 4096, "2^32 + 4096 bytes (4096 when cut to 32 bits)"},
         };
+        const detail::heap_fill_pause no_fill; // 2^32 + 4096 bytes must not be written (see there)
         for (const edge& at : edges) {
             announce_step(std::string("allocate ") + at.what + " through the raw slot");
             const detail::state_snapshot before = detail::take_snapshot(opened.library, slots);
