@@ -153,10 +153,11 @@ TEST_CASE("every slip check states the rule it proves and when that rule entered
 #if defined(__GLIBC__) && defined(M_PERTURB) && !defined(NXMEM_TEST_SANITIZED_HEAP)
 TEST_CASE("edges.sizes turns glibc's heap fill off while it probes, and back on from the environment after",
           "[conform][slips]") {
-    // A block above the mmap threshold comes from the kernel zeroed; with M_PERTURB p, malloc
-    // fills it with p ^ 0xff. The 2^32 + 4096-byte probe must not be written (heap_fill_pause.hpp).
+    // A block above glibc's largest dynamic mmap threshold (32 MiB) is always mapped afresh, so it
+    // comes from the kernel zeroed; with M_PERTURB p, malloc fills it with p ^ 0xff. The
+    // 2^32 + 4096-byte probe must not be written (heap_fill_pause.hpp).
     auto fresh_block_filled_with = [](unsigned char byte) {
-        constexpr std::size_t size = 8u << 20;
+        constexpr std::size_t size = 64u << 20;
         auto* block = static_cast<unsigned char*>(std::malloc(size));
         REQUIRE(block != nullptr);
         const bool filled = std::all_of(block, block + size, [byte](unsigned char seen) { return seen == byte; });
