@@ -51,27 +51,36 @@ struct check_concurrency_usage_consistent {
         const std::uint64_t reserved_each = with_one->reserved_bytes - idle->reserved_bytes;
         const std::uint64_t mapped_each = with_one->mapped_bytes - idle->mapped_bytes;
 
-        announce_step(std::to_string(workers) + " threads allocate and release 4096 bytes " + std::to_string(rounds) +
-                      " times each while this one queries usage");
+        announce_step(std::to_string(workers) + " threads allocate and release 4096 bytes, " + std::to_string(rounds) +
+                      " times each at least, while this one queries usage " + std::to_string(rounds) +
+                      " times at least");
+        // The workers go on until the queries are done, and the queries until the workers have
+        // done their rounds: however the threads are scheduled, every query races the workers.
         std::atomic<std::uint64_t> running{workers};
+        std::atomic<bool> queried{false};
         std::vector<std::thread> threads;
         for (std::uint64_t worker = 0; worker < workers; ++worker) {
             threads.emplace_back([&] {
-                for (std::uint64_t round = 0; round < rounds; ++round) {
+                for (std::uint64_t round = 0; round < rounds || !queried.load(); ++round) {
                     result<NxmemAllocation> live = slots.allocate(block, 64);
                     if (live) {
                         (void)slots.deallocate(live.value());
                     }
+                    if (round + 1 == rounds) {
+                        running.fetch_sub(1);
+                    }
                 }
-                running.fetch_sub(1);
             });
         }
         std::string broken;
         std::uint64_t queries = 0;
-        while (running.load() != 0 || queries == 0) {
+        while (running.load() != 0 || queries < rounds) {
+            if (!broken.empty()) {
+                break;
+            }
             const std::optional<NxmemAllocatorUsage> now = detail::raw_usage(slots);
             ++queries;
-            if (!now || !broken.empty()) {
+            if (!now) {
                 continue;
             }
             auto over = [&](const char* field, std::uint64_t value, std::uint64_t base, std::uint64_t each) {
@@ -86,6 +95,7 @@ struct check_concurrency_usage_consistent {
             over("reserved_bytes", now->reserved_bytes, idle->reserved_bytes, reserved_each);
             over("mapped_bytes", now->mapped_bytes, idle->mapped_bytes, mapped_each);
         }
+        queried.store(true);
         for (std::thread& thread : threads) {
             thread.join();
         }
