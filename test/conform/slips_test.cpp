@@ -140,17 +140,9 @@ TEST_CASE("every slip check states the rule it proves and when that rule entered
     }
 }
 
-// glibc's own heap only: under ASan (GCC's __SANITIZE_ADDRESS__, clang's __has_feature) malloc is
-// the sanitizer's, which fills blocks its own way and ignores mallopt.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NXMEM_TEST_SANITIZED_HEAP 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define NXMEM_TEST_SANITIZED_HEAP 1
-#endif
-#if defined(__GLIBC__) && defined(M_PERTURB) && !defined(NXMEM_TEST_SANITIZED_HEAP)
+// glibc's own heap only: under a sanitizer (checks_accounting.hpp says which) malloc is the
+// sanitizer's, which fills blocks its own way and ignores mallopt.
+#if defined(__GLIBC__) && defined(M_PERTURB) && !defined(NXMEM_CONFORM_SANITIZED_HEAP)
 TEST_CASE("edges.sizes turns glibc's heap fill off while it probes, and back on from the environment after",
           "[conform][slips]") {
     // A block above glibc's largest dynamic mmap threshold (32 MiB) is always mapped afresh, so it
