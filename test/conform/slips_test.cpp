@@ -25,7 +25,9 @@ const std::vector<std::string_view>& slip_checks() {
     static const std::vector<std::string_view> ids{
         "edges.sizes",       "edges.ranges",       "rollback.refused_calls",        "options.grammar",
         "outputs.every_path", "misuse.precedence", "statuses.untouched_on_success", "borrowing.after_open",
-        "borrowing.request_cap", "concurrency.usage_consistent"};
+        "borrowing.request_cap", "concurrency.usage_consistent", "capability.deferred_release",
+        "callbacks.completion_enqueues", "callbacks.reclaim_pressure", "options.numbers",
+        "factories.fresh_after_release"};
     return ids;
 }
 
@@ -80,7 +82,11 @@ TEST_CASE("each planted slip fails the check of its class, naming what it did", 
         expectation{"keeps-options", "borrowing.after_open", "mmap_threshold=64k", "SIGSEGV"},
         expectation{"writes-callbacks", "borrowing.after_open", "", "SIGSEGV"},
         expectation{"scans-above-cap", "borrowing.request_cap", "", "SIGSEGV"},
-        expectation{"racy-usage", "concurrency.usage_consistent", "", "wrapped below zero"});
+        expectation{"racy-usage", "concurrency.usage_consistent", "", "wrapped below zero"},
+        expectation{"ticket-in-32-bits", "capability.deferred_release", "", "retired 4294967294 4294967295 0 1 2"},
+        expectation{"budget-in-32-bits", "options.numbers", "budget=1M", "the number cut to 32 bits"},
+        expectation{"drain-drops-new", "callbacks.completion_enqueues", "", "retired 4294967294 4294967295 4294967296"},
+        expectation{"reclaim-charges-twice", "callbacks.reclaim_pressure", "", "the budget kept a charge"});
     INFO("mechanism " << slip.mechanism << ", check " << slip.check);
     conform::suite_options options;
     options.mechanism_options = slip.options;
@@ -90,6 +96,19 @@ TEST_CASE("each planted slip fails the check of its class, naming what it did", 
     INFO(results[0].expected << " / " << results[0].actual);
     CHECK(results[0].failed());
     CHECK_THAT(results[0].expected + " " + results[0].actual, Catch::Contains(slip.named));
+}
+
+TEST_CASE("a factory table cleared on release and handed out again fails factories.fresh_after_release",
+          "[conform][slips]") {
+    const char* path = std::getenv("NXMEM_STALE_FACTORIES_PLUGIN");
+    REQUIRE(path != nullptr);
+    const conform::subject target{path, "minimal-c", device_id{NXMEM_DEVICE_CPU, 0}};
+    const auto results = conform::run_checks(target, {"factories.fresh_after_release", "factories.names"});
+    REQUIRE(results.size() == 2);
+    INFO(results[0].expected << " / " << results[0].actual);
+    CHECK(results[0].failed());
+    CHECK_THAT(results[0].actual, Catch::Contains("type tag") && Catch::Contains("handed out again"));
+    CHECK(results[1].passed()); // one list at a time is fine: only the second is stale
 }
 
 TEST_CASE("the production mechanisms pass every slip check", "[conform][slips]") {
@@ -132,12 +151,15 @@ TEST_CASE("every slip check states the rule it proves and when that rule entered
           conform::check_rollback_refused_calls::revision, conform::check_options_grammar::revision,
           conform::check_outputs_every_path::revision, conform::check_statuses_untouched_on_success::revision,
           conform::check_misuse_precedence::revision, conform::check_borrowing_after_open::revision,
-          conform::check_borrowing_request_cap::revision, conform::check_concurrency_usage_consistent::revision}) {
+          conform::check_borrowing_request_cap::revision, conform::check_concurrency_usage_consistent::revision,
+          conform::check_options_numbers::revision}) {
         INFO(revision.rules);
         CHECK_FALSE(revision.rules.empty());
         CHECK(revision.entered == "2026-12-04");
         CHECK(revision.why_needed.size() > 20);
     }
+    // Rules of the first contract: every plugin is bound already.
+    STATIC_REQUIRE(conform::check_factories_fresh_after_release::revision.entered == "2026-11-29");
 }
 
 // glibc's own heap only: under a sanitizer (checks_accounting.hpp says which) malloc is the

@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -259,12 +261,143 @@ struct check_callbacks_completion_reentry {
             return report.verdict();
         }
         if (retired != tickets) {
-            std::string got;
-            for (std::uint64_t ticket : retired) {
-                got += (got.empty() ? "" : " ") + std::to_string(ticket);
-            }
             return failed("tickets 101 102 103 retired once each, in enqueue order",
-                          got.empty() ? "none retired" : "retired " + got);
+                          "retired " + detail::describe_tickets(retired));
+        }
+        return passed();
+    }
+};
+
+// callbacks.completion_enqueues: release_completed enqueues one more release on the calling
+// thread. Every ticket retires exactly once, within the drains allowed, in enqueue order overall:
+// the three queued before it first, then the one enqueued from the callback (D3, H5), which the
+// running drain or a later one retires. A ticket the plugin retires inside its own
+// enqueue_release is D7's and not held to the order.
+struct check_callbacks_completion_enqueues {
+    static finding run(const subject& target, const suite_options& options) {
+        return detail::run_watched<check_callbacks_completion_enqueues>(target, options);
+    }
+
+    static finding run_watched(const subject& target, const suite_options& options,
+                               detail::step_log& steps) {
+        detail::callback_host callbacks;
+        std::mutex retired_mutex; // D7: a completion may come from the plugin's own thread
+        std::vector<std::uint64_t> retired;
+        std::vector<std::uint64_t> retired_in_enqueue; // D7: outside any drain, inside its own enqueue
+        std::optional<detail::raw_slots> slots;
+        std::atomic<bool> draining{false};
+        std::atomic<bool> enqueued_inside{false};
+        std::optional<std::uint64_t> enqueuing; // the ticket whose enqueue_release is running
+        std::optional<std::string> problem;
+        const std::vector<std::uint64_t> tickets = detail::tickets_across_2_32(4);
+        callbacks.on_completed = [&](const NxmemReleaseCompletion& completion) {
+            {
+                const std::lock_guard lock(retired_mutex);
+                retired.push_back(completion.ticket);
+                if (enqueuing == completion.ticket) {
+                    retired_in_enqueue.push_back(completion.ticket);
+                }
+            }
+            if (!draining || enqueued_inside.exchange(true)) {
+                return; // one enqueue, from the first completion a drain delivers
+            }
+            steps.at("release_completed for ticket " + std::to_string(completion.ticket) +
+                     " enqueuing ticket " + std::to_string(tickets.back()));
+            result<NxmemAllocation> made = slots->allocate(4096, 64);
+            if (!made) {
+                const std::lock_guard lock(retired_mutex);
+                problem = "allocate inside release_completed: " + made.error().describe();
+                return;
+            }
+            {
+                const std::lock_guard lock(retired_mutex);
+                enqueuing = tickets.back();
+            }
+            const detail::slot_reply queued = slots->enqueue_release(made.value(), tickets.back());
+            if (!queued.ok()) {
+                (void)slots->deallocate(made.value());
+            }
+            const std::lock_guard lock(retired_mutex);
+            enqueuing.reset();
+            if (!queued.ok()) {
+                problem = "enqueue_release inside release_completed: " + queued.describe();
+            }
+        };
+        steps.at("opening the mechanism");
+        NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
+                          detail::callback_allocator::open(target, callbacks.table()));
+        if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
+            return not_applicable("the mechanism does not declare NXMEM_CAP_DEFERRED_RELEASE");
+        }
+        slots.emplace(opened->slots());
+        for (std::size_t index = 0; index + 1 < tickets.size(); ++index) {
+            steps.at("enqueue_release of ticket " + std::to_string(tickets[index]));
+            NXMEM_CONFORM_TRY(made, "an allocation to release later", slots->allocate(4096, 64));
+            {
+                const std::lock_guard lock(retired_mutex);
+                enqueuing = tickets[index];
+            }
+            const detail::slot_reply queued = slots->enqueue_release(made, tickets[index]);
+            {
+                const std::lock_guard lock(retired_mutex);
+                enqueuing.reset();
+            }
+            if (!queued.ok()) {
+                (void)slots->deallocate(made);
+                return failed("enqueue_release succeeds", queued.describe());
+            }
+        }
+        auto retired_now = [&] {
+            const std::lock_guard lock(retired_mutex);
+            return retired;
+        };
+        auto problem_now = [&] {
+            const std::lock_guard lock(retired_mutex);
+            return problem;
+        };
+        for (unsigned attempt = 0; attempt < options.drain_attempts && !problem_now() &&
+                                   (retired_now().size() < tickets.size() || !enqueued_inside);
+             ++attempt) {
+            steps.at("drain_releases (attempt " + std::to_string(attempt + 1) + ")");
+            std::uint64_t count = 0;
+            draining = true;
+            const detail::slot_reply drained = slots->drain_releases(count);
+            draining = false;
+            if (!drained.ok()) {
+                return failed("drain_releases succeeds", drained.describe());
+            }
+        }
+        if (const std::optional<std::string> failure = problem_now()) {
+            return failed_rule("T5",
+                               "a call re-entering the plugin on the same thread from release_completed "
+                               "succeeds (T5, H4)",
+                               *failure);
+        }
+        if (!enqueued_inside) {
+            return not_applicable("no drain delivered a completion (every ticket retired inside enqueue_release, D7)");
+        }
+        const std::lock_guard lock(retired_mutex); // a late completion from the plugin's thread waits
+        // In enqueue order, leaving out what retired inside its own enqueue_release (D7).
+        auto drained_only = [&](const std::vector<std::uint64_t>& all) {
+            std::vector<std::uint64_t> kept;
+            std::copy_if(all.begin(), all.end(), std::back_inserter(kept), [&](std::uint64_t ticket) {
+                return std::find(retired_in_enqueue.begin(), retired_in_enqueue.end(), ticket) ==
+                       retired_in_enqueue.end();
+            });
+            return kept;
+        };
+        const std::vector<std::uint64_t> seen = retired;
+        const std::vector<std::uint64_t> in_order = drained_only(seen);
+        const std::vector<std::uint64_t> expected_order = drained_only(tickets);
+        std::vector<std::uint64_t> sorted = seen;
+        std::sort(sorted.begin(), sorted.end());
+        if (sorted != tickets || in_order != expected_order) {
+            return failed_rule("D3 H5",
+                               "tickets " + detail::describe_tickets(tickets) + " retired once each within " +
+                                   std::to_string(options.drain_attempts) +
+                                   " drains, in enqueue order, the last enqueued from inside the first "
+                                   "completion (D3, H5)",
+                               "retired " + detail::describe_tickets(seen));
         }
         return passed();
     }
@@ -363,6 +496,16 @@ struct check_callbacks_reclaim_pressure {
                                   "': to apply, it needs a limit it reaches on allocate "
                                   "(--options; posix eager: budget=1M)");
         }
+        // The block released inside the callback is gone and the honoured allocation counted once.
+        NXMEM_CONFORM_TRY(honoured, "the plugin reports its readiness", opened->counts());
+        if (honoured.allocations != before.allocations + held.size()) {
+            release_held();
+            return failed_rule("U1 H7",
+                               std::to_string(held.size()) + " live allocations after the honoured reclaim: "
+                                   "the block released inside request_reclaim gone, the allocation that "
+                                   "asked counted once (U1, H7)",
+                               honoured.describe());
+        }
         // Refused: the allocation fails cleanly and leaves nothing allocated.
         mode = answer::refuse;
         const unsigned asked_before_refusal = asked;
@@ -409,8 +552,48 @@ struct check_callbacks_reclaim_pressure {
         if (refused.allocations != ready.allocations) {
             return failed("nothing allocated by the refused allocation (H3)", refused.describe());
         }
+        if (std::optional<finding> short_budget = refill(*slots, made_before_asking - 1, asked, pending, steps)) {
+            return *short_budget;
+        }
+        if (!report.clean()) {
+            return report.verdict();
+        }
         opened.reset();
         return without_hook(target, made_before_asking, before, steps);
+    }
+
+    // Everything released, the budget is whole: as many blocks fit again before the mechanism asks
+    // (the host still refusing) as fitted at first. A charge kept from the attempt that asked, or
+    // a block freed inside request_reclaim never credited, leaves fewer (E12, H7).
+    static std::optional<finding> refill(const detail::raw_slots& slots, unsigned fitted, const unsigned& asked,
+                                         std::vector<std::unique_ptr<detail::side_call>>& pending,
+                                         detail::step_log& steps) {
+        const unsigned asked_before = asked;
+        std::vector<NxmemAllocation> held;
+        unsigned fitted_again = 0;
+        while (asked == asked_before && fitted_again < max_blocks) {
+            steps.at("allocation " + std::to_string(fitted_again + 1) + " once everything was released");
+            result<NxmemAllocation> made = slots.allocate(block_bytes, 64);
+            finish_all(pending);
+            if (!made) {
+                break;
+            }
+            held.push_back(made.value());
+            fitted_again += asked == asked_before ? 1 : 0;
+        }
+        for (const NxmemAllocation& live : held) {
+            (void)slots.deallocate(live);
+        }
+        if (fitted_again < fitted) {
+            return failed_rule("E12 H7",
+                               std::to_string(fitted) + " blocks of " + std::to_string(block_bytes) +
+                                   " bytes fit again before request_reclaim once everything was released, "
+                                   "as at first: the budget whole (E12, H7)",
+                               std::to_string(fitted_again) +
+                                   ": the budget kept a charge (the allocation that asked charged twice, "
+                                   "or the block released inside request_reclaim never credited)");
+        }
+        return std::nullopt;
     }
 
     // No reclaim hook: once over budget the allocation fails with OUT_OF_MEMORY (H6); a mechanism

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/detail/raw_slots.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/page_size.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -236,21 +238,65 @@ struct check_capability_deferred_release {
             }
         }
         if (retired != tickets) {
-            std::string got;
-            for (std::uint64_t ticket : retired) {
-                got += (got.empty() ? "" : " ") + std::to_string(ticket);
-            }
-            std::string want;
-            for (std::uint64_t ticket : tickets) {
-                want += (want.empty() ? "" : " ") + std::to_string(ticket);
-            }
-            return failed("tickets " + want + " retired in enqueue order within " +
+            return failed("tickets " + detail::describe_tickets(tickets) + " retired in enqueue order within " +
                               std::to_string(options.drain_attempts) + " drains",
-                          got.empty() ? "none retired" : "retired " + got);
+                          "retired " + detail::describe_tickets(retired));
         }
         NXMEM_CONFORM_TRY(after, "the plugin reports its readiness", opened.plugin_counts());
         if (after.queued_releases != before.queued_releases || after.allocations != before.allocations) {
             return failed("no queued release or allocation left", after.describe());
+        }
+        return wide_tickets(target, options);
+    }
+
+    // The host library numbers tickets from 1, so the same again with the suite's own callbacks
+    // and tickets that cross 2^32: a plugin keeping them in 32 bits retires tickets never issued.
+    static finding wide_tickets(const subject& target, const suite_options& options) {
+        detail::callback_host callbacks;
+        std::mutex retired_mutex; // D7: a completion may come from the plugin's own thread
+        std::vector<std::uint64_t> retired;
+        callbacks.on_completed = [&](const NxmemReleaseCompletion& completion) {
+            const std::lock_guard lock(retired_mutex);
+            retired.push_back(completion.ticket);
+        };
+        NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
+                          detail::callback_allocator::open(target, callbacks.table()));
+        if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
+            return failed("NXMEM_CAP_DEFERRED_RELEASE declared to a host offering release_completed, "
+                          "as to the host library's",
+                          "not declared");
+        }
+        const detail::raw_slots slots = opened->slots();
+        const std::vector<std::uint64_t> tickets = detail::tickets_across_2_32(5);
+        for (std::uint64_t ticket : tickets) {
+            announce_step("allocate 4096 B and enqueue its release as ticket " + std::to_string(ticket));
+            NXMEM_CONFORM_TRY(made, "an allocation to release later", slots.allocate(4096, 64));
+            const detail::slot_reply queued = slots.enqueue_release(made, ticket);
+            if (!queued.ok()) {
+                (void)slots.deallocate(made);
+                return failed("enqueue_release of ticket " + std::to_string(ticket) + " succeeds",
+                              queued.describe());
+            }
+        }
+        auto retired_now = [&] {
+            const std::lock_guard lock(retired_mutex);
+            return retired;
+        };
+        for (unsigned attempt = 0; attempt < options.drain_attempts && retired_now().size() < tickets.size();
+             ++attempt) {
+            announce_step("drain_releases of the tickets across 2^32, attempt " + std::to_string(attempt + 1));
+            std::uint64_t count = 0;
+            const detail::slot_reply drained = slots.drain_releases(count);
+            if (!drained.ok()) {
+                return failed("drain_releases succeeds", drained.describe());
+            }
+        }
+        if (retired_now() != tickets) {
+            return failed_rule("D1 D3",
+                               "tickets " + detail::describe_tickets(tickets) +
+                                   " (the host's uint64_t, across 2^32) retired as given, in enqueue order, within " +
+                                   std::to_string(options.drain_attempts) + " drains (D1, D3)",
+                               "retired " + detail::describe_tickets(retired_now()));
         }
         return passed();
     }

@@ -2,14 +2,20 @@
 #pragma once
 
 #include <nxmem/conform/check.hpp>
+#include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/checks_exports.hpp>
+#include <nxmem/conform/checks_tables.hpp>
+#include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
 #include <nxmem/conform/subject.hpp>
+#include <nxmem/detail/printable.hpp>
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace nxmem::conform {
 
@@ -145,6 +151,143 @@ struct check_factories_released_once {
             if (detail::is_mapped(target.path)) {
                 return failed("the library unmapped after unload", "still mapped");
             }
+        }
+        return passed();
+    }
+};
+
+// factories.fresh_after_release: a library stays mapped while its factories are released and
+// asked for again (a second host in the process, or one that reloads its list): the new tables are
+// whole, tagged, named and numbered as the first list's, and the mechanism opens through them and
+// allocates. A plugin that frees or clears its table on release and hands out the same pointer
+// again fails here (L3, X5).
+struct check_factories_fresh_after_release {
+    static constexpr check_revision revision{"L3 X5", "1.0", "2026-11-29", false,
+                                            "the rules of the first contract, binding every plugin already: a "
+                                            "table handed out after its release is one the host reads freed"};
+
+    struct listed {
+        std::string name;
+        std::uint64_t mechanism_id = 0;
+        std::uint64_t device_types = 0;
+    };
+
+    // Each factory as read within its own struct_size, or what is wrong with the first that is not.
+    static result<std::vector<listed>> read_list(const detail::raw_factories& factories) {
+        std::vector<listed> list;
+        for (NxmemAllocatorFactoryVtable* factory : factories.tables()) {
+            const auto table = detail::raw_table<NxmemAllocatorFactoryVtable>::read(factory);
+            if (std::string problem = detail::tag_problem(table); !problem.empty()) {
+                return fail(status_code::contract_violation, "factory " + std::to_string(list.size()) + ": " + problem);
+            }
+            result<abi::table_copy<NxmemAllocatorFactoryVtable>> copy =
+                abi::read_prefix<NxmemAllocatorFactoryVtable>(factory, NXMEM_ABI_MINOR);
+            if (!copy) {
+                return fail(status_code::contract_violation,
+                            "factory " + std::to_string(list.size()) + ": " + copy.error().describe());
+            }
+            const NxmemAllocatorFactoryVtable& read = copy.value().table;
+            const std::size_t length = read.name == nullptr ? 0 : ::strnlen(read.name, NXMEM_MAX_FACTORY_NAME_BYTES + 1);
+            list.push_back({std::string(read.name == nullptr ? "" : read.name, length), read.mechanism_id,
+                            read.device_types});
+        }
+        return list;
+    }
+
+    // The mechanism opened through `factories` (with the subject's device and options) and 64 B
+    // allocated and released through it; what failed, if anything.
+    static std::optional<std::string> opens_and_allocates(const detail::raw_factories& factories,
+                                                          const subject& target) {
+        NxmemAllocatorFactoryVtable* factory = factories.find(target.mechanism);
+        if (factory == nullptr) {
+            return "no factory named '" + target.mechanism + "'";
+        }
+        result<abi::table_copy<NxmemAllocatorFactoryVtable>> copy =
+            abi::read_prefix<NxmemAllocatorFactoryVtable>(factory, factories.negotiated_minor());
+        if (!copy || copy.value().table.open_allocator == nullptr) {
+            return "the factory cannot be read: " + (copy ? std::string("open_allocator is NULL") : copy.error().describe());
+        }
+        detail::callback_host callbacks; // a host offering both, as the host library does
+        callbacks.on_reclaim = [](const NxmemReclaimRequest&, NxmemStatus*) { return NXMEM_STATUS_OK; };
+        callbacks.on_completed = [](const NxmemReleaseCompletion&) {};
+        auto request = abi::make_struct<NxmemOpenRequest>();
+        request.device = target.device.to_wire();
+        request.callbacks = callbacks.table();
+        request.options = target.options.data();
+        request.options_length = target.options.size();
+        NxmemAllocatorVtable* opened = nullptr;
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = copy.value().table.open_allocator(factory, &request, &opened, &status);
+        if (code != NXMEM_STATUS_OK) {
+            return "open_allocator: " + std::string(status_code_name(status_code_from_wire(code))) + " (" +
+                   abi::read_status_message(status) + ")";
+        }
+        std::optional<std::string> failure;
+        result<abi::table_copy<NxmemAllocatorVtable>> table =
+            abi::read_prefix<NxmemAllocatorVtable>(opened, factories.negotiated_minor());
+        if (!table) {
+            failure = "the allocator table: " + table.error().describe();
+        } else {
+            const detail::raw_slots slots(opened, table.value().table, target.device);
+            result<NxmemAllocation> made = slots.allocate(64, 8);
+            if (!made) {
+                failure = "allocate 64 B: " + made.error().describe();
+            } else if (const detail::slot_reply released = slots.deallocate(made.value()); !released.ok()) {
+                failure = "deallocate: " + released.describe();
+            }
+        }
+        if (NxmemReleaseFn release = host::detail::locate_release_slot(opened)) {
+            release(opened);
+        }
+        return failure;
+    }
+
+    static finding run(const subject& target, const suite_options&) {
+        NXMEM_CONFORM_TRY(library, "the plugin loads with its three exports", detail::open_with_exports(target));
+        std::vector<listed> first;
+        std::optional<std::string> first_open;
+        {
+            announce_step("create the factories, open the mechanism and allocate, release them all");
+            NXMEM_CONFORM_TRY(factories, "NxmemCreateAllocatorFactories succeeds", detail::raw_factories::create(library));
+            result<std::vector<listed>> read = read_list(factories);
+            if (!read) {
+                return not_applicable("the first list is not readable (see factories.names, tables.type_tags): " +
+                                      read.error().describe());
+            }
+            first = std::move(read).value();
+            first_open = opens_and_allocates(factories, target);
+        }
+        announce_step("create the factories again after releasing every one");
+        NXMEM_CONFORM_TRY(again, "NxmemCreateAllocatorFactories succeeds again after its factories were released",
+                          detail::raw_factories::create(library));
+        result<std::vector<listed>> second = read_list(again);
+        if (!second) {
+            return failed_rule("L3 X5", "whole, tagged factory tables from a second NxmemCreateAllocatorFactories (L3)",
+                               second.error().describe() +
+                                   ": a table released before, handed out again (freed or cleared on release?)");
+        }
+        if (second.value().size() != first.size()) {
+            return failed_rule("X5", std::to_string(first.size()) + " factories again (X5)",
+                               std::to_string(second.value().size()));
+        }
+        for (std::size_t index = 0; index < first.size(); ++index) {
+            const listed& was = first[index];
+            const listed& now = second.value()[index];
+            if (now.name != was.name || now.mechanism_id != was.mechanism_id || now.device_types != was.device_types) {
+                return failed_rule("X5",
+                                   "factory " + std::to_string(index) + " named '" + nxmem::detail::printable(was.name) + "', mechanism id " +
+                                       std::to_string(was.mechanism_id) + ", again (X5)",
+                                   "'" + nxmem::detail::printable(now.name) + "', mechanism id " +
+                                       std::to_string(now.mechanism_id) + ", device types " +
+                                       std::to_string(now.device_types));
+            }
+        }
+        if (first_open) {
+            return passed(); // the mechanism does not open here at all: allocator.open's to judge
+        }
+        if (std::optional<std::string> failure = opens_and_allocates(again, target)) {
+            return failed_rule("L3 X5", "the mechanism opens and allocates 64 B through the second list, as through the first",
+                               *failure);
         }
         return passed();
     }

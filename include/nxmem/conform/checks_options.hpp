@@ -15,11 +15,13 @@
 #include <nxmem/conform/detail/guarded_memory.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
 #include <nxmem/conform/check_revision.hpp>
+#include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/step.hpp>
 #include <nxmem/conform/subject.hpp>
 #include <nxmem/detail/printable.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -221,6 +223,149 @@ struct check_options_grammar {
                 return failed_rule(test.rule, "the refusal names '" + test.named + "' (" + test.rule + ")",
                               "the refusal of " + shown + " says '" + nxmem::detail::printable(message) + "'");
             }
+        }
+        return passed();
+    }
+};
+
+// options.numbers (Q18): a byte count in the options is read in 64 bits. Where the suite's
+// options make the mechanism refuse an allocation with OUT_OF_MEMORY (no reclaim hook offered,
+// H6) after serving some 64 KiB blocks, and doubling a numeric key's value lets more blocks fit
+// (the key is a limit), the same key given 2^32 more must be refused with INVALID_ARGUMENT naming
+// it, or serve at least as many blocks as the doubled value: cut to 32 bits it serves the same
+// few as the value given. Anything else (no limit reached, a key that does not change the count,
+// another refusal of the larger value) is not judged, and the check says why.
+struct check_options_numbers {
+    static constexpr check_revision revision{"Q18", "1.0", "2026-12-04", false,
+                                            "a number cut to 32 bits gives the operator a budget it did not ask for, "
+                                            "which the host cannot see; Q18 entered in release 2026-12-04, so a plugin "
+                                            "declaring an earlier minor is warned"};
+    static constexpr std::uint64_t block_bytes = 64 * 1024;
+    static constexpr unsigned max_blocks = 1024; // 64 MiB: a limit beyond that is not reached
+
+    // How many blocks the mechanism serves, opened with `options` and no reclaim hook, before it
+    // refuses one (at most `limit`), or the refusal of the open.
+    struct served {
+        unsigned blocks = 0;
+        bool out_of_memory = false; // it stopped on OUT_OF_MEMORY
+        std::string refusal;        // the open's or the stopping allocation's refusal
+        status_code open_code = status_code::ok;
+    };
+    static served count_blocks(const subject& target, const std::string& options, unsigned limit) {
+        const subject with{target.path, target.mechanism, target.device, options};
+        detail::callback_host callbacks;
+        callbacks.on_completed = [](const NxmemReleaseCompletion&) {};
+        announce_step("opening with the options '" + nxmem::detail::printable(options) + "' and counting blocks");
+        served found;
+        result<std::unique_ptr<detail::callback_allocator>> opened =
+            detail::callback_allocator::open(with, callbacks.table());
+        if (!opened) {
+            found.open_code = opened.error().code;
+            found.refusal = opened.error().describe();
+            return found;
+        }
+        const detail::raw_slots slots = opened.value()->slots();
+        std::vector<NxmemAllocation> held;
+        while (held.size() < limit) {
+            result<NxmemAllocation> made = slots.allocate(block_bytes, 64);
+            if (!made) {
+                found.out_of_memory = made.error().code == status_code::out_of_memory;
+                found.refusal = made.error().describe();
+                break;
+            }
+            held.push_back(made.value());
+        }
+        found.blocks = static_cast<unsigned>(held.size());
+        for (const NxmemAllocation& live : held) {
+            (void)slots.deallocate(live);
+        }
+        return found;
+    }
+
+    // A byte count as the kit reads one (k, M, G: 2^10, 2^20, 2^30); nullopt when not one.
+    static std::optional<std::uint64_t> byte_count(std::string_view value) {
+        unsigned shift = 0;
+        if (!value.empty() && std::string_view("kKMG").find(value.back()) != std::string_view::npos) {
+            shift = value.back() == 'M' ? 20 : value.back() == 'G' ? 30 : 10;
+            value.remove_suffix(1);
+        }
+        std::uint64_t number = 0;
+        const auto [rest, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+        if (value.empty() || error != std::errc{} || rest != value.data() + value.size() ||
+            number > (UINT64_MAX >> shift)) {
+            return std::nullopt;
+        }
+        return number << shift;
+    }
+
+    static std::string with_value(const std::vector<detail::option_entry>& entries, const std::string& key,
+                                  const std::string& value) {
+        std::string text;
+        for (const detail::option_entry& entry : entries) {
+            text += (text.empty() ? "" : ";") + entry.key + "=" + (entry.key == key ? value : entry.value);
+        }
+        return text;
+    }
+
+    static finding run(const subject& target, const suite_options&) {
+        const std::optional<std::vector<detail::option_entry>> entries = detail::parse_options(target.options);
+        if (!entries || entries->empty()) {
+            return not_applicable("no numeric option to judge in the options '" +
+                                  nxmem::detail::printable(target.options) + "' (--options, e.g. budget=1M)");
+        }
+        const served given = count_blocks(target, target.options, max_blocks);
+        if (!given.out_of_memory) {
+            return not_applicable("with the options '" + nxmem::detail::printable(target.options) + "' " +
+                                  std::to_string(given.blocks) + " blocks of " + std::to_string(block_bytes) +
+                                  " bytes were served" +
+                                  (given.refusal.empty() ? "" : " before " + given.refusal) +
+                                  ": no limit reached with OUT_OF_MEMORY to compare against");
+        }
+        std::string why_not;
+        unsigned judged = 0;
+        for (const detail::option_entry& entry : *entries) {
+            const std::optional<std::uint64_t> value = byte_count(entry.value);
+            if (!value || *value == 0 || *value >= (std::uint64_t{1} << 32)) {
+                continue; // not a byte count 32 bits could hold: nothing to cut
+            }
+            const std::string doubled = std::to_string(*value * 2);
+            const served more = count_blocks(target, with_value(*entries, entry.key, doubled), max_blocks);
+            if (more.blocks <= given.blocks) {
+                why_not += (why_not.empty() ? "" : "; ") + entry.key + "=" + doubled + " served " +
+                           std::to_string(more.blocks) + " blocks, no more than " + entry.key + "=" + entry.value +
+                           ": not a limit";
+                continue;
+            }
+            const std::string wide = std::to_string(*value + (std::uint64_t{1} << 32));
+            const served beyond = count_blocks(target, with_value(*entries, entry.key, wide), more.blocks);
+            const std::string shown = entry.key + "=" + wide;
+            if (beyond.open_code == status_code::invalid_argument) {
+                if (beyond.refusal.find(entry.key) == std::string::npos) {
+                    return failed_rule("Q14", "the refusal of '" + shown + "' names '" + entry.key + "' (Q14)",
+                                       nxmem::detail::printable(beyond.refusal));
+                }
+                ++judged;
+                continue;
+            }
+            if (beyond.open_code != status_code::ok) {
+                why_not += (why_not.empty() ? "" : "; ") + shown + " refused with " + beyond.refusal;
+                continue;
+            }
+            if (beyond.blocks < more.blocks) {
+                return failed_rule("Q18",
+                                   shown + " refused with INVALID_ARGUMENT naming '" + entry.key +
+                                       "', or serving at least the " + std::to_string(more.blocks) + " blocks of " +
+                                       std::to_string(block_bytes) + " bytes " + entry.key + "=" + doubled +
+                                       " serves (Q18: computed in 64 bits)",
+                                   std::to_string(beyond.blocks) + " blocks, as " + entry.key + "=" + entry.value +
+                                       " (" + std::to_string(given.blocks) +
+                                       "): the number cut to 32 bits, it seems (" + beyond.refusal + ")");
+            }
+            ++judged;
+        }
+        if (judged == 0) {
+            return not_applicable("no byte count in the options limits the blocks served" +
+                                  (why_not.empty() ? std::string() : " (" + why_not + ")"));
         }
         return passed();
     }

@@ -164,6 +164,8 @@ inline constexpr std::array all_checks{
         requirement::allocation, &check_misuse_queued_release::run},
     check_definition{"callbacks.completion_reentry", "release_completed may re-enter the plugin, from any thread", "Threads and re-entrancy",
         requirement::allocation, &check_callbacks_completion_reentry::run},
+    check_definition{"callbacks.completion_enqueues", "a release enqueued from release_completed retires once, after those queued before it", "Deferred release",
+        requirement::allocation, &check_callbacks_completion_enqueues::run},
     check_definition{"callbacks.reclaim_pressure", "request_reclaim under a real budget: re-entered, honoured, refused", "Host callbacks",
         requirement::allocation, &check_callbacks_reclaim_pressure::run},
     // Slips of issue 35, one class each; each check's `revision` says when its rule entered.
@@ -175,6 +177,8 @@ inline constexpr std::array all_checks{
         requirement::allocation, &run_for_device<check_rollback_refused_calls>},
     check_definition{"options.grammar", "open options read within options_length by the documented grammar, refusals naming the key in printable UTF-8", "Exports",
         requirement::opened, &run_for_device<check_options_grammar>},
+    check_definition{"options.numbers", "a byte count in the options is read in 64 bits: 2^32 more is refused or serves at least as much", "Requests and outputs",
+        requirement::allocation, &check_options_numbers::run},
     check_definition{"outputs.every_path", "allocate writes a short output only within its struct_size on every size, alignment and refusal path", "Requests and outputs",
         requirement::opened, &run_for_device<check_outputs_every_path>},
     check_definition{"statuses.untouched_on_success", "a call that succeeds writes nothing into its status", "Nothing C++ crosses",
@@ -187,6 +191,10 @@ inline constexpr std::array all_checks{
         requirement::opened, &run_for_device<check_borrowing_request_cap>},
     check_definition{"concurrency.usage_consistent", "usage totals racing allocate and release stay within what could be live", "Commit granularity and usage (minor 2)",
         requirement::allocation, &run_for_device<check_concurrency_usage_consistent>},
+    // Allocates through a factory: after allocation.basic, so a mechanism whose allocate crashes
+    // or hangs is reported there.
+    check_definition{"factories.fresh_after_release", "factories created again after their release are whole, the same, and open", "Exports",
+        requirement::allocation, &check_factories_fresh_after_release::run},
     // The reference model against random sequences (checks_model.hpp, model/).
     check_definition{"model.sequences", "random sequences of every operation agree with the reference model and the OS", "Ownership",
         requirement::allocation, &check_model_sequences::run},

@@ -28,6 +28,25 @@
 
 namespace nxmem::conform::detail {
 
+// Tickets as a failure prints them: "101 102 103", or "none".
+inline std::string describe_tickets(const std::vector<std::uint64_t>& tickets) {
+    std::string text;
+    for (std::uint64_t ticket : tickets) {
+        text += (text.empty() ? "" : " ") + std::to_string(ticket);
+    }
+    return text.empty() ? "none" : text;
+}
+
+// Tickets are the host's uint64_t (D1): these cross 2^32, so a plugin that keeps them in 32 bits
+// retires 0, 1 and 2 for the last three, which the host never issued.
+inline std::vector<std::uint64_t> tickets_across_2_32(std::uint64_t count) {
+    std::vector<std::uint64_t> tickets;
+    for (std::uint64_t at = 0; at < count; ++at) {
+        tickets.push_back((std::uint64_t{1} << 32) - 2 + at);
+    }
+    return tickets;
+}
+
 // The host callback table the suite hands to a plugin, calling back into `on_reclaim` and
 // `on_completed`. Each is offered only when set; both run inside the host's guard.
 class callback_host {

@@ -133,7 +133,9 @@ struct usage_figures {
 struct reference_model {
     std::vector<allocator_state> allocators; // open ones (references > 0)
     unsigned next_serial = 1;
-    std::uint64_t next_ticket = 1;
+    // Just below 2^32, so the second ticket of a sequence needs all 64 bits (D1: the host's
+    // uint64_t); a plugin keeping tickets in 32 bits retires one the host never issued.
+    std::uint64_t next_ticket = (std::uint64_t{1} << 32) - 1;
 
     report_counts expected_report() const {
         report_counts counts;
