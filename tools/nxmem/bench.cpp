@@ -1,5 +1,5 @@
 #include "bench.hpp"
-#include "plugin_paths.hpp"
+#include "plugin_args.hpp"
 
 #include "text_table.hpp"
 
@@ -106,13 +106,8 @@ subcommand add_bench(CLI::App& parent) {
         "\n"
         "Exit status: 0 when every figure was measured, 1 when the plugin or mechanism was\n"
         "refused or a measured call failed, 2 on bad usage.");
-    bench->add_option("PLUGIN", options->plugin, "The plugin shared object (.so)")
-        ->type_name("PATH")
-        ->transform(as_plugin_path, std::string(), std::string())
-        ->required();
-    bench->add_option("--mechanism", options->mechanism,
-                      "The mechanism (factory) to measure (default: the first serving cpu)")
-        ->type_name("NAME");
+    add_plugin_argument(*bench, options->plugin, "The plugin shared object (.so)")->required();
+    add_mechanism_option(*bench, options->mechanism, "The mechanism (factory) to measure (default: the first serving cpu)");
     bench->add_flag("--json", options->json, "Print one JSON document and nothing else on standard output");
     bench->add_flag("--pool", options->pool, "Measure the mechanism behind a pool (nxmem::pool_allocator)");
     bench->add_option("--iterations", options->iterations,

@@ -3,6 +3,7 @@
 #include "conform_oom.hpp"
 #include "conform_report.hpp"
 #include "conform_run.hpp"
+#include "plugin_args.hpp"
 #include "plugin_paths.hpp"
 
 #include <cstdint>
@@ -109,11 +110,8 @@ subcommand add_conform(CLI::App& parent) {
         "\n"
         "Exit status: 0 when every mechanism conforms, 1 when any check failed, a mechanism\n"
         "crashed or a plugin was refused, 2 on bad usage.");
-    conform->add_option("PLUGIN", options->plugins, "Plugin shared objects (.so) to check")
-        ->type_name("PATH")
-        ->transform(as_plugin_path, std::string(), std::string());
-    conform->add_option("--mechanism", options->mechanism, "Check only the mechanism of this name")
-        ->type_name("NAME");
+    add_plugin_argument(*conform, options->plugins, "Plugin shared objects (.so) to check");
+    add_mechanism_option(*conform, options->mechanism, "Check only the mechanism of this name");
     conform
         ->add_option("--device", options->device,
                      "Check on this device instead of each mechanism's first: cpu:0, cuda:1, ...")
@@ -135,18 +133,9 @@ subcommand add_conform(CLI::App& parent) {
                      "testcase per check")
         ->type_name("FILE")
         ->excludes(json);
-    conform
-        ->add_option("--options", options->mechanism_options,
-                     "Open every mechanism checked with these options (key=value entries "
-                     "separated by ';'), e.g. budget=1M so that callbacks.reclaim_pressure applies")
-        ->type_name("TEXT")
-        ->check(CLI::Validator(
-            [](std::string& text) -> std::string {
-                return text.size() <= NXMEM_MAX_OPTIONS_BYTES
-                           ? std::string()
-                           : "at most " + std::to_string(NXMEM_MAX_OPTIONS_BYTES) + " bytes";
-            },
-            std::string()));
+    add_mechanism_options_option(*conform, options->mechanism_options,
+                                 "Open every mechanism checked with these options (key=value entries "
+                                 "separated by ';'), e.g. budget=1M so that callbacks.reclaim_pressure applies");
     conform->add_flag("--oom", options->oom,
                       "Instead of the checks, fail each allocation the plugin makes in the "
                       "standard sequence, one per child process, and require a clean refusal "

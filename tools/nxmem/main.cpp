@@ -5,6 +5,9 @@
 #include "inspect.hpp"
 #include "plugin_paths.hpp"
 #include "subcommand.hpp"
+#ifdef NXMEM_TOOL_TRANSFER
+#include "transfer.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +32,9 @@ int main(int argc, char** argv) {
         add_inspect(app),
         add_conform(app),
         add_bench(app),
+#ifdef NXMEM_TOOL_TRANSFER // only where UCX was found
+        add_transfer(app),
+#endif
     };
 
     try {

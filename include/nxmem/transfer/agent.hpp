@@ -74,6 +74,17 @@ public:
         NXMEM_TRY(lease, allocator.lease(live));
         return register_leased(reinterpret_cast<std::uint64_t>(live.address), live.size, true, true, std::move(lease));
     }
+    // A live allocation of a plugin allocator of GPU memory: refused (UNSUPPORTED_CAPABILITY), and
+    // nothing is leased or registered. The message names what is missing: UCX's cuda transport
+    // (cuda_copy, cuda_ipc) when this UCX has none, else nxmem's device path, which is a design
+    // and not built (docs/TRANSFER.md, "Device memory"). Device memory is never handed to UCX as
+    // host memory, though a fake driver's may be mapped in this process.
+    template <Device D>
+        requires(!std::same_as<D, cpu_device>)
+    result<registration> register_allocation(const host::plugin_allocator<D>& allocator, const allocation<D>& live) {
+        (void)allocator; // no lease: nothing is registered
+        return core_->refuse_device_memory(describe(live), D::name);
+    }
     // A shared prefix's mapping: the first prefix.size bytes of the allocation it is committed in
     // (the prefix's own pages); leases the allocation.
     result<registration> register_prefix_mapping(const host::plugin_allocator<cpu_device>& allocator,

@@ -11,12 +11,17 @@ namespace nxmem::transfer {
 
 class agent;
 
-// A descriptor of an allocation (a pooled one, a plugin's): its address and size. No UCX call:
-// a transfer checks that it lies inside one of the agent's registrations.
-template <class D>
-    requires std::same_as<D, cpu_device>
-descriptor describe(const allocation<D>& live) noexcept {
-    return descriptor{reinterpret_cast<std::uint64_t>(live.address), live.size, 0, memory_kind::host};
+// A descriptor of an allocation (a pooled one, a plugin's): its address and size; host memory on
+// device 0, a GPU's as memory kind `device` with its device index (NIXL's VRAM). No UCX call: a
+// transfer checks that it lies inside one of the agent's registrations (device memory never does
+// yet: docs/TRANSFER.md, "Device memory").
+template <Device D> descriptor describe(const allocation<D>& live) noexcept {
+    if constexpr (std::same_as<D, cpu_device>) {
+        return descriptor{D::to_wire(live.address), live.size, 0, memory_kind::host};
+    } else {
+        return descriptor{D::to_wire(live.address), live.size, static_cast<std::uint32_t>(live.device.index),
+                          memory_kind::device};
+    }
 }
 
 // Local memory registered with UCX. Move-only; deregisters when destroyed (at once, or as soon as

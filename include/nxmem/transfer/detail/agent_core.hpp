@@ -223,6 +223,30 @@ public:
         return record;
     }
 
+    // Device memory (docs/TRANSFER.md, "Device memory"): refused, naming what is missing.
+    failure refuse_device_memory(const descriptor& memory, std::string_view device_type) const {
+        std::string missing;
+        if (device_type == "cuda" && !reaches_memory_type(UCS_MEMORY_TYPE_CUDA)) {
+            missing = "this UCX has no cuda transport (cuda_copy, cuda_ipc): CUDA memory is not among the memory "
+                      "types its context reaches";
+        } else {
+            missing = "nxmem's transfer layer registers host memory only; its device path is a design, not built";
+        }
+        return fail(status_code::unsupported_capability,
+                    "register: " + std::string(device_type) + ":" + std::to_string(memory.device) + " memory (" +
+                        std::to_string(memory.length) + " bytes at 0x" + nxmem::detail::to_hex(memory.address) +
+                        ") cannot be registered: " + missing + " (docs/TRANSFER.md, \"Device memory\")");
+    }
+
+    // Whether UCX's context reaches memory of this type (its transports' memory domains).
+    bool reaches_memory_type(ucs_memory_type_t type) const {
+        ucp_context_attr_t attributes{};
+        attributes.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+        std::lock_guard lock(mutex_);
+        return ucp_context_query(context_, &attributes) == UCS_OK &&
+               (attributes.memory_types & UCS_BIT(type)) != 0;
+    }
+
     // BUSY while transfers use it; then unmapped and its lease ended.
     result<void> deregister(registration_record& record) {
         std::lock_guard lock(mutex_);
