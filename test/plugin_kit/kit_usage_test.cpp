@@ -49,8 +49,10 @@ struct counted_by_kit {
         }
         const std::uint64_t round = next_calls().round_to;
         const std::uint64_t usable = (size + round - 1) / round * round;
-        void* memory = std::aligned_alloc(static_cast<std::size_t>(alignment < 16 ? 16 : alignment),
-                                          static_cast<std::size_t>((usable + 15) / 16 * 16));
+        // aligned_alloc takes a size that is a multiple of the alignment.
+        const std::uint64_t placed = alignment < 16 ? 16 : alignment;
+        void* memory = std::aligned_alloc(static_cast<std::size_t>(placed),
+                                          static_cast<std::size_t>((usable + placed - 1) / placed * placed));
         if (memory == nullptr) {
             return fail(status_code::out_of_memory, "aligned_alloc");
         }
