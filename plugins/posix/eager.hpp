@@ -5,9 +5,10 @@
 //                                                     the alignment and trimmed with munmap
 // The path is a pure function of (size, alignment) and the threshold fixed at open, so a release
 // finds it again from the kit's
-// record: the mechanism keeps no per-allocation state and takes no lock of its own. A small
-// allocation without a budget costs what the C heap's own malloc and free cost plus two counts
-// in this thread's cell: no locked instruction, no text, nothing shared with other threads.
+// record: the mechanism keeps no per-allocation state, takes no lock of its own and counts
+// nothing (the kit counts allocations and their bytes for the usage query). A small allocation
+// without a budget costs what the C heap's own malloc and free cost: no locked instruction, no
+// text, nothing shared with other threads.
 #pragma once
 
 #include "budget.hpp"
@@ -46,7 +47,6 @@ public:
         // for malloc's own alignment; everything else (posix_memalign included) is charged.
         if (size < unbudgeted_small_limit_ && alignment <= alignof(std::max_align_t)) [[likely]] {
             if (void* memory = std::malloc(static_cast<std::size_t>(size)); memory != nullptr) [[likely]] {
-                count(1, static_cast<std::int64_t>(size));
                 return plugin::block{reinterpret_cast<std::uint64_t>(memory), size, size};
             }
         }
@@ -57,28 +57,19 @@ public:
     result<plugin::release_outcome> release_allocation(const plugin::allocation_record& record) {
         if (record.size < unbudgeted_small_limit_ && record.alignment <= page_) [[likely]] {
             std::free(reinterpret_cast<void*>(record.address));
-            count(-1, -static_cast<std::int64_t>(record.size));
             return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
         }
         return release_charged(record);
     }
 
-    // Everything eager is mapped from the start.
-    result<allocator_usage> usage() const {
-        const auto allocations = static_cast<std::uint64_t>(usage_.sum(live_allocations));
-        const auto bytes = static_cast<std::uint64_t>(usage_.sum(live_bytes));
-        return allocator_usage{allocations, bytes, bytes, 0, 0};
+    // The kit counts the allocations and their blocks' bytes; everything eager costs its usable
+    // size from the start (a block's size is its cost), so what is mapped is what is reserved.
+    result<allocator_usage> usage(allocator_usage counted) const {
+        counted.mapped_bytes = counted.reserved_bytes;
+        return counted;
     }
 
 private:
-    enum usage_field : std::size_t { live_allocations, live_bytes, usage_fields };
-
-    void count(std::int64_t allocations, std::int64_t bytes) noexcept {
-        auto cell = usage_.this_thread();
-        cell.add(live_allocations, allocations);
-        cell.add(live_bytes, bytes);
-    }
-
     bool is_small(std::uint64_t size, std::uint64_t alignment) const noexcept {
         return size < small_limit_ && alignment <= page_;
     }
@@ -102,13 +93,11 @@ private:
         NXMEM_TRY(cost, cost_of(size, alignment));
         if (!budget_.limited()) { // nothing to charge: no reclaim to arrange around the call
             NXMEM_TRY(address, is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment));
-            count(1, static_cast<std::int64_t>(cost));
             return plugin::block{address, cost, cost};
         }
         NXMEM_TRY(address, budget_.charged<std::uint64_t>(cost, [&] {
             return is_small(size, alignment) ? from_heap(size, alignment) : from_mmap(cost, alignment);
         }));
-        count(1, static_cast<std::int64_t>(cost));
         return plugin::block{address, cost, cost};
     }
 
@@ -117,7 +106,6 @@ private:
         if (is_small(record.size, record.alignment)) {
             std::free(reinterpret_cast<void*>(record.address));
             budget_.credit(record.size);
-            count(-1, -static_cast<std::int64_t>(record.size));
             return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
         }
         NXMEM_TRY(cost, cost_of(record.size, record.alignment)); // it was computed once already
@@ -127,7 +115,6 @@ private:
                         std::string(name) + ": munmap failed: " + errno_text(code));
         }
         budget_.credit(cost);
-        count(-1, -static_cast<std::int64_t>(cost));
         return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
     }
 
@@ -183,9 +170,6 @@ private:
     std::uint64_t unbudgeted_small_limit_; // small_limit_ without a budget, else 0
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
-    // Per allocator and per thread: no cache line shared by every allocator's threads, no locked
-    // instruction per allocation.
-    plugin::thread_tally<usage_fields> usage_;
 };
 
 } // namespace nxmem::posix

@@ -55,7 +55,8 @@
 //
 // Threads: reservations live in a table sharded by address (open addressing: no node per
 // allocation); each has its own mutex, so calls on different allocations share no lock beyond a
-// shard's, held only for a lookup. The budget and the usage totals are atomic counters.
+// shard's, held only for a lookup. The budget and the committed bytes are atomic counters; the
+// kit counts the allocations, their reserved bytes and the imports for the usage query.
 #pragma once
 
 #include "budget.hpp"
@@ -159,8 +160,6 @@ public:
         }
         const std::uint64_t unmapped = held->committed_bytes;
         budget_.credit(unmapped);
-        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
-        reserved_bytes_.fetch_sub(held->size, std::memory_order_relaxed);
         mapped_bytes_.fetch_sub(unmapped, std::memory_order_relaxed);
         if (held->prefix) {
             held->prefix->sharers.fetch_sub(1, std::memory_order_relaxed);
@@ -276,17 +275,19 @@ public:
 
     // ---- usage query ----
 
-    // Read from atomic totals: no lock, no walk.
-    result<allocator_usage> usage() {
-        allocator_usage totals;
-        totals.live_allocations = live_allocations_.load(std::memory_order_relaxed);
-        totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
-        totals.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
-        totals.imported_bytes = imported_allocation_bytes_.load(std::memory_order_relaxed);
-        prefixes_.for_each([&totals](const prefix_file& held) {
-            (held.imported ? totals.imported_bytes : totals.shared_prefix_bytes) += held.length;
+    // The kit counts the allocations, their reserved bytes and the imports with their bytes.
+    // The committed bytes are an atomic total kept here; a prefix costs its whole pages, as its
+    // first commit_shared_prefix reports (the kit would round to the commit granularity, a huge
+    // page with huge_pages=1).
+    result<allocator_usage> usage(allocator_usage counted) {
+        counted.mapped_bytes = mapped_bytes_.load(std::memory_order_relaxed);
+        counted.shared_prefix_bytes = 0;
+        prefixes_.for_each([&counted](const prefix_file& held) {
+            if (!held.imported) { // an imported prefix's pages are the kit's imported bytes
+                counted.shared_prefix_bytes += held.length;
+            }
         });
-        return totals;
+        return counted;
     }
 
     // ---- shared mapping ----
@@ -433,7 +434,6 @@ public:
             forget_import(checked);
             return fail(address.error().code, std::string(name) + ": " + address.error().message);
         }
-        imported_allocation_bytes_.fetch_add(checked.length, std::memory_order_relaxed);
         return plugin::imported_allocation{address.value(), checked.length};
     }
 
@@ -444,7 +444,6 @@ public:
                         std::string(name) + ": munmap of an imported allocation failed: " +
                             errno_text(code));
         }
-        imported_allocation_bytes_.fetch_sub(imported.mapped_bytes, std::memory_order_relaxed);
         release_import(imported.mapped_bytes);
         return boost::outcome_v2::success();
     }
@@ -637,8 +636,6 @@ private:
             }
             throw; // the guard reports it
         }
-        live_allocations_.fetch_add(1, std::memory_order_relaxed);
-        reserved_bytes_.fetch_add(size, std::memory_order_relaxed);
         mapped_bytes_.fetch_add(committed, std::memory_order_relaxed);
     }
 
@@ -894,11 +891,9 @@ private:
     byte_budget budget_;
     std::atomic<bool> populate_supported_{true};
     nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
-    // The usage totals, kept as the reservations change so a query walks nothing.
-    std::atomic<std::uint64_t> live_allocations_{0};
-    std::atomic<std::uint64_t> reserved_bytes_{0};
+    // The committed bytes (the usage query's mapped_bytes), kept as pages are committed and
+    // decommitted so a query walks no reservation; the kit counts the rest.
     std::atomic<std::uint64_t> mapped_bytes_{0};
-    std::atomic<std::uint64_t> imported_allocation_bytes_{0}; // whole pages of open allocation imports
     // What the import limits count (IP18): allocation imports not closed and imported prefixes not
     // destroyed, and their whole pages (what usage() reports as imported_bytes).
     std::atomic<std::uint64_t> imported_objects_{0};

@@ -496,7 +496,8 @@ private:
             {
                 std::lock_guard lock(object.mutex_);
                 object.live_[address] =
-                    allocation_record{address, request.size, request.alignment, request.allocation_id, {}};
+                    allocation_record{address, request.size, request.alignment, request.allocation_id, {},
+                                      request.size};
             }
             auto written = nxmem::abi::make_struct<NxmemAllocResult>();
             written.address = address;

@@ -1,5 +1,6 @@
 // The kit's allocation registry: 24 bytes a slot, prefixes in a side table only allocations with a
-// mapping pay for, sizes of 2^57 bytes or more kept whole, and memory given back after a release.
+// mapping pay for, sizes of 2^57 bytes or more (and usable sizes other than the size asked for)
+// kept whole, memory given back after a release, and the records' usable bytes summed.
 #include "counting_new.hpp"
 
 #include <nxmem/plugin/allocation_registry.hpp>
@@ -108,4 +109,34 @@ TEST_CASE("a size that does not fit the packed word is kept whole", "[registry]"
         }
     }
     CHECK(registry.size() == 0);
+}
+
+TEST_CASE("the registry sums its records' usable bytes, whole or packed, and a refused take "
+          "changes nothing",
+          "[registry]") {
+    allocation_registry registry;
+    CHECK(registry.reserved_bytes() == 0);
+    registry.insert(0x10000, 100, 16, 1, 100);     // packed: the size asked for is usable
+    registry.insert(0x20000, 5000, 16, 2, 8192);   // whole: rounded up by the mechanism
+    const allocation_record huge{0x30000, std::uint64_t{1} << 58, 64, 3, {}, std::uint64_t{1} << 58};
+    registry.insert(huge);                         // whole: too large for the word
+    const std::uint64_t all = 100 + 8192 + (std::uint64_t{1} << 58);
+    CHECK(registry.reserved_bytes() == all);
+
+    NxmemAllocation rounded = describe({0x20000, 5000, 16, 2, {}, 0});
+    CHECK(registry.find(rounded).value().usable_size == 8192);
+    NxmemAllocation misdescribed = rounded;
+    misdescribed.size = 8192; // the usable size is not what the host asked for
+    CHECK_FALSE(registry.take(misdescribed));
+    CHECK(registry.reserved_bytes() == all);
+
+    const allocation_record taken = registry.take(rounded).value();
+    CHECK(taken.usable_size == 8192);
+    CHECK(registry.reserved_bytes() == all - 8192);
+    registry.insert(taken); // put back (a refused release): counted again, still whole
+    CHECK(registry.reserved_bytes() == all);
+    CHECK(registry.take(describe({0x10000, 100, 16, 1, {}, 0})).value().usable_size == 100);
+    CHECK(registry.reserved_bytes() == all - 100);
+    CHECK(registry.take_all().size() == 2);
+    CHECK(registry.reserved_bytes() == 0);
 }

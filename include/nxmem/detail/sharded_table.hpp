@@ -13,6 +13,10 @@
 // load stays between 0.36 and 0.9 and the memory follows the live count down as well as up.
 // Growth allocates (and throws std::bad_alloc with the table unchanged); shrinking is skipped when
 // memory is short, so removal never fails and never needs memory.
+//
+// A record that weighs something (weighted_record: the bytes of an allocation, say) is summed per
+// shard beside the count, under the shard's lock that the change holds anyway, so a total is
+// read without a lock and without a counter every thread writes.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
@@ -21,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,6 +62,12 @@ struct shard_by_lane {
     static std::uint64_t slot_hash(std::uint64_t key) noexcept {
         return fibonacci_mix((key - 1) / 16); // the id's rank within its lane
     }
+};
+
+// "the record has a weight the table sums: std::uint64_t weight() const noexcept"
+template <class Record>
+concept weighted_record = requires(const Record& record) {
+    { record.weight() } noexcept -> std::same_as<std::uint64_t>;
 };
 
 template <class Record, class Sharding = shard_by_hash> class sharded_table {
@@ -139,6 +150,7 @@ public:
                 !owner.sparse_after_removal()) [[likely]] {
                 --owner.count;
                 owner.published_count.store(owner.count, std::memory_order_relaxed);
+                owner.weigh_out(owner.slots[seen.slot].record);
                 owner.slots[seen.slot].key = empty_key;
                 owner.slots[seen.slot].record = Record{};
                 owner.lock.unlock();
@@ -204,7 +216,9 @@ public:
         if (found == nullptr) {
             return false;
         }
+        owner.weigh_out(*found);
         change(*found);
+        owner.weigh_in(*found);
         return true;
     }
 
@@ -216,7 +230,9 @@ public:
         std::lock_guard lock(owner.lock);
         Record* found = owner.find(key);
         NXMEM_TRY_VOID(match(static_cast<const Record*>(found)));
+        owner.weigh_out(*found);
         change(*found);
+        owner.weigh_in(*found);
         return *found;
     }
 
@@ -246,6 +262,18 @@ public:
         std::size_t total = 0;
         for (const shard& owner : shards_) {
             total += owner.published_count.load(std::memory_order_relaxed);
+        }
+        return total;
+    }
+
+    // The records' total weight now, for a weighted_record (a sum of per-shard totals, each exact
+    // under its lock: exact when no call is in flight, and never below zero).
+    std::uint64_t weight() const noexcept
+        requires weighted_record<Record>
+    {
+        std::uint64_t total = 0;
+        for (const shard& owner : shards_) {
+            total += owner.published_weight.load(std::memory_order_relaxed);
         }
         return total;
     }
@@ -282,6 +310,8 @@ private:
         }
     }
 
+    struct unweighed {};
+
     // A slot array plus the one record whose key is empty_key, kept beside it.
     struct alignas(64) shard {
         spin_lock lock;
@@ -292,7 +322,25 @@ private:
         // Copies of count and capacity readable without the lock (size(), bytes()).
         std::atomic<std::size_t> published_count{0};
         std::atomic<std::size_t> published_capacity{0};
+        // The weighted records' total, only ever written under the lock (weight()); takes no
+        // room in a shard of unweighted records.
+        [[no_unique_address]] std::conditional_t<weighted_record<Record>, std::atomic<std::uint64_t>,
+                                                 unweighed> published_weight{};
         Record empty_key_record{};
+
+        // A record comes into the shard's total or leaves it (nothing for an unweighted record).
+        void weigh_in(const Record& record) noexcept {
+            if constexpr (weighted_record<Record>) {
+                published_weight.store(published_weight.load(std::memory_order_relaxed) + record.weight(),
+                                       std::memory_order_relaxed);
+            }
+        }
+        void weigh_out(const Record& record) noexcept {
+            if constexpr (weighted_record<Record>) {
+                published_weight.store(published_weight.load(std::memory_order_relaxed) - record.weight(),
+                                       std::memory_order_relaxed);
+            }
+        }
 
         // The slot a key would sit in with no collision: a multiply-shift of the policy's slot
         // hash, so any capacity works (not only powers of two).
@@ -365,14 +413,19 @@ private:
                 if (!has_empty_key) {
                     ++count;
                     published_count.store(count, std::memory_order_relaxed);
+                } else {
+                    weigh_out(empty_key_record);
                 }
                 has_empty_key = true;
+                weigh_in(record);
                 empty_key_record = std::move(record);
                 return;
             }
             std::size_t at = home(key);
             for (std::size_t probed = 0;; ++probed, at = next(at)) {
                 if (slots[at].key == key) {
+                    weigh_out(slots[at].record);
+                    weigh_in(record);
                     slots[at].record = std::move(record);
                     return;
                 }
@@ -380,6 +433,7 @@ private:
                 if (slots[at].key == empty_key || distance(at) < probed) {
                     ++count;
                     published_count.store(count, std::memory_order_relaxed);
+                    weigh_in(record);
                     place_from(slots, at, probed, key, std::move(record));
                     return;
                 }
@@ -420,6 +474,7 @@ private:
             if (key == empty_key) {
                 --count;
                 published_count.store(count, std::memory_order_relaxed);
+                weigh_out(empty_key_record);
                 has_empty_key = false;
                 return std::exchange(empty_key_record, Record{});
             }
@@ -434,6 +489,7 @@ private:
         Record remove_at(std::size_t at) noexcept {
             --count;
             published_count.store(count, std::memory_order_relaxed);
+            weigh_out(slots[at].record);
             Record taken = std::move(slots[at].record);
             const std::size_t after = next(at);
             if (slots[after].key != empty_key && distance(after) != 0) {

@@ -4,9 +4,15 @@
 // A record takes 24 bytes in its slot (address, id, and the size with the alignment's exponent in
 // one word). The shared prefixes mapped into an allocation live in a side table that only
 // allocations with a mapping pay for; `find` and `take` hand the mechanism the record with them
-// (a copy of the list for `find`, made only for an allocation that maps a prefix). A size of 2^57 bytes or more does not
-// fit the packed word; such an allocation (only a mechanism that reserves nothing could hand one
-// out) is kept whole in a second side table.
+// (a copy of the list for `find`, made only for an allocation that maps a prefix). A record the
+// packed word cannot hold is kept whole in a second side table: a size of 2^57 bytes or more (only
+// a mechanism that reserves nothing could hand one out), or a usable size other than the size
+// asked for (a mechanism that rounds up, posix-eager's mmap path: that costs a side-table node and
+// its lock per allocate and release).
+//
+// The registry sums the usable bytes of its records (reserved_bytes, the usage query's figure):
+// per shard under the shard's lock, plus the whole records' under the side table's, so reading
+// the total takes no lock and allocate writes no counter other threads write.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
@@ -14,10 +20,12 @@
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin/mechanism.hpp>
 
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -33,17 +41,25 @@ public:
     static constexpr std::uint64_t max_size = (std::uint64_t{1} << 57) - 1;
 
     packed_record() = default;
-    // An allocation of `size` bytes aligned to `alignment` (a power of two); a size above
-    // max_size is marked oversized (its record is in the side table).
-    packed_record(std::uint64_t size, std::uint64_t alignment, std::uint64_t allocation_id) noexcept
+    // An allocation of `size` bytes (`usable` of them usable) aligned to `alignment` (a power of
+    // two); one the word cannot hold (a size above max_size, a usable size other than `size`) is
+    // marked whole: its record is in the side table.
+    packed_record(std::uint64_t size, std::uint64_t usable, std::uint64_t alignment,
+                  std::uint64_t allocation_id) noexcept
         : allocation_id_(allocation_id),
-          shape_(size > max_size
+          shape_(size > max_size || usable_size_of(size, usable) != size
                      ? 0
                      : size | static_cast<std::uint64_t>(std::countr_zero(alignment)) << alignment_shift) {}
     explicit packed_record(const allocation_record& record) noexcept
-        : packed_record(record.size, record.alignment, record.allocation_id) {}
+        : packed_record(record.size, record.usable_size, record.alignment, record.allocation_id) {}
 
-    bool oversized() const noexcept { return shape_ == 0; } // size 0 is never recorded
+    // A block is never smaller than asked: a usable size below `size` (0: not stated) is `size`.
+    static std::uint64_t usable_size_of(std::uint64_t size, std::uint64_t usable) noexcept {
+        return usable < size ? size : usable;
+    }
+
+    // Size 0 is never recorded: a zero size field marks a record kept whole in the side table.
+    bool whole() const noexcept { return (shape_ & max_size) == 0; }
     bool maps_prefixes() const noexcept { return (shape_ & prefixes_bit) != 0; }
     void mark_maps_prefixes() noexcept { shape_ |= prefixes_bit; }
     std::uint64_t allocation_id() const noexcept { return allocation_id_; }
@@ -52,7 +68,7 @@ public:
         return std::uint64_t{1} << ((shape_ >> alignment_shift) & 63u);
     }
 
-    // Whether the host's description names this (not oversized) record exactly: compares the
+    // Whether the host's description names this (not whole) record exactly: compares the
     // packed words, with nothing unpacked into an allocation_record.
     bool described_by(const NxmemAllocation& described) const noexcept {
         return allocation_id_ == described.allocation_id && size() == described.size &&
@@ -60,8 +76,11 @@ public:
     }
 
     allocation_record unpack(std::uint64_t address) const {
-        return allocation_record{address, size(), alignment(), allocation_id_, {}};
+        return allocation_record{address, size(), alignment(), allocation_id_, {}, size()};
     }
+
+    // The usable bytes the shard sums: a whole record's are summed with the side table.
+    std::uint64_t weight() const noexcept { return size(); }
 
 private:
     static constexpr unsigned alignment_shift = 57;
@@ -114,13 +133,14 @@ public:
                     ", alignment " + std::to_string(why.alignment)};
     }
 
-    // Records an allocation that maps no prefixes (what allocate makes). Throws std::bad_alloc,
-    // changing nothing, when a table must grow and cannot.
+    // Records an allocation of `size` bytes, `usable` of them usable (what the mechanism's block
+    // says), that maps no prefixes (what allocate makes). Throws std::bad_alloc, changing
+    // nothing, when a table must grow and cannot.
     void insert(std::uint64_t address, std::uint64_t size, std::uint64_t alignment,
-                std::uint64_t allocation_id) {
-        const packed_record packed(size, alignment, allocation_id);
-        if (packed.oversized()) [[unlikely]] {
-            insert(allocation_record{address, size, alignment, allocation_id, {}});
+                std::uint64_t allocation_id, std::uint64_t usable) {
+        const packed_record packed(size, usable, alignment, allocation_id);
+        if (packed.whole()) [[unlikely]] {
+            insert(allocation_record{address, size, alignment, allocation_id, {}, usable});
             return;
         }
         records_.insert(address, packed);
@@ -129,17 +149,19 @@ public:
     // Throws std::bad_alloc, changing nothing, when a table must grow and cannot.
     void insert(const allocation_record& record) {
         packed_record packed(record);
-        const bool side = packed.oversized() || !record.prefixes.empty();
+        const bool side = packed.whole() || !record.prefixes.empty();
         if (side) {
             std::lock_guard lock(side_mutex_);
-            if (packed.oversized()) {
-                oversized_.insert_or_assign(record.address,
-                                            allocation_record{record.address, record.size,
-                                                              record.alignment,
-                                                              record.allocation_id, {}});
+            if (packed.whole()) {
+                keep_whole(record);
             }
             if (!record.prefixes.empty()) {
-                prefixes_.insert_or_assign(record.address, record.prefixes);
+                try {
+                    prefixes_.insert_or_assign(record.address, record.prefixes);
+                } catch (...) {
+                    drop_whole(record.address);
+                    throw;
+                }
                 packed.mark_maps_prefixes();
             }
         }
@@ -148,7 +170,7 @@ public:
         } catch (...) {
             if (side) {
                 std::lock_guard lock(side_mutex_);
-                oversized_.erase(record.address);
+                drop_whole(record.address);
                 prefixes_.erase(record.address);
             }
             throw;
@@ -168,7 +190,7 @@ public:
             return false;
         }
         fill(described, taken);
-        if (packed.oversized() || packed.maps_prefixes()) [[unlikely]] {
+        if (packed.whole() || packed.maps_prefixes()) [[unlikely]] {
             drop_side_entries(described.address, taken);
         }
         return true;
@@ -178,18 +200,18 @@ public:
     // it; refuses as take does.
     bool find(const NxmemAllocation& described, allocation_record& found, registry_refusal& why) {
         // visit: one probe, and a plain verdict rather than a result carrying a copy.
-        bool maps_prefixes = false;
+        bool in_side_table = false;
         const verdict accepted = records_.visit(described.address, [&](const packed_record* record) {
             const verdict judged = judge(described, record, why);
-            maps_prefixes = judged.accepted && record->maps_prefixes();
+            in_side_table = judged.accepted && (record->whole() || record->maps_prefixes());
             return judged;
         });
         if (!accepted.accepted) [[unlikely]] {
             return false;
         }
         fill(described, found);
-        if (maps_prefixes) [[unlikely]] {
-            copy_prefixes(described.address, found);
+        if (in_side_table) [[unlikely]] {
+            copy_side_entries(described.address, found);
         }
         return true;
     }
@@ -249,25 +271,32 @@ public:
         });
         std::lock_guard lock(side_mutex_);
         for (allocation_record& record : all) {
-            if (auto whole = oversized_.find(record.address); whole != oversized_.end()) {
+            if (auto whole = whole_.find(record.address); whole != whole_.end()) {
                 record = std::move(whole->second);
             }
             if (auto mapped = prefixes_.find(record.address); mapped != prefixes_.end()) {
                 record.prefixes = std::move(mapped->second);
             }
         }
-        oversized_.clear();
+        whole_.clear();
+        whole_bytes_.store(0, std::memory_order_relaxed);
         prefixes_.clear();
         return all;
     }
 
     // Allocations recorded now.
     std::size_t size() const noexcept { return records_.size(); }
+    // The usable bytes of the allocations recorded now (their blocks' sizes): a sum of totals
+    // each kept exact under its own lock, so it never passes below zero and is exact when no
+    // call is in flight.
+    std::uint64_t reserved_bytes() const noexcept {
+        return records_.weight() + whole_bytes_.load(std::memory_order_relaxed);
+    }
     // The memory the registry holds: the table, and the side tables' entries (about: one node
     // and the id vector per allocation with a mapping).
     std::size_t bytes() const {
         std::lock_guard lock(side_mutex_);
-        std::size_t side = prefixes_.bucket_count() * sizeof(void*) + oversized_.size() * 96;
+        std::size_t side = prefixes_.bucket_count() * sizeof(void*) + whole_.size() * 96;
         for (const auto& [address, ids] : prefixes_) {
             side += 4 * sizeof(void*) + ids.capacity() * sizeof(std::uint64_t);
         }
@@ -276,9 +305,9 @@ public:
 
 private:
     // Accepts a record that the description names exactly; the common case compares the packed
-    // words inline, everything else (none there, oversized, a mismatch) goes out of line.
+    // words inline, everything else (none there, kept whole, a mismatch) goes out of line.
     verdict judge(const NxmemAllocation& described, const packed_record* found, registry_refusal& why) {
-        if (found != nullptr && !found->oversized() && found->described_by(described)) [[likely]] {
+        if (found != nullptr && !found->whole() && found->described_by(described)) [[likely]] {
             return {true};
         }
         return judge_otherwise(described, found, why);
@@ -291,9 +320,9 @@ private:
             return {false};
         }
         why.live = true;
-        if (found->oversized()) {
+        if (found->whole()) {
             std::lock_guard lock(side_mutex_); // lock order: shard, then side table
-            const allocation_record& whole = oversized_.at(described.address);
+            const allocation_record& whole = whole_.at(described.address);
             if (whole.allocation_id == described.allocation_id && whole.size == described.size &&
                 whole.alignment == described.alignment) {
                 return {true};
@@ -309,17 +338,45 @@ private:
         return {false};
     }
 
-    // An accepted description is the record: its values are the record's.
+    // An accepted description is the record: its values are the record's (its usable size the
+    // size asked for, unless the side table says otherwise).
     static void fill(const NxmemAllocation& described, allocation_record& out) noexcept {
         out.address = described.address;
         out.size = described.size;
         out.alignment = described.alignment;
         out.allocation_id = described.allocation_id;
+        out.usable_size = described.size;
     }
 
-    // Copies the prefixes mapped into the allocation at `address` (none if it went meanwhile).
-    [[gnu::cold]] [[gnu::noinline]] void copy_prefixes(std::uint64_t address, allocation_record& found) {
+    // Keeps `record` whole (without its prefixes), its usable bytes counted; under side_mutex_.
+    void keep_whole(const allocation_record& record) {
+        const std::uint64_t usable = packed_record::usable_size_of(record.size, record.usable_size);
+        whole_.insert_or_assign(record.address,
+                                allocation_record{record.address, record.size, record.alignment,
+                                                  record.allocation_id, {}, usable});
+        whole_bytes_.store(whole_bytes_.load(std::memory_order_relaxed) + usable,
+                           std::memory_order_relaxed);
+    }
+    // Drops the whole record at `address`, if any, returning its usable size; under side_mutex_.
+    std::optional<std::uint64_t> drop_whole(std::uint64_t address) noexcept {
+        auto whole = whole_.find(address);
+        if (whole == whole_.end()) {
+            return std::nullopt;
+        }
+        const std::uint64_t usable = whole->second.usable_size;
+        whole_bytes_.store(whole_bytes_.load(std::memory_order_relaxed) - usable,
+                           std::memory_order_relaxed);
+        whole_.erase(whole);
+        return usable;
+    }
+
+    // Copies the usable size and the prefixes of the allocation at `address` (as filled if it
+    // went meanwhile).
+    [[gnu::cold]] [[gnu::noinline]] void copy_side_entries(std::uint64_t address, allocation_record& found) {
         std::lock_guard lock(side_mutex_);
+        if (auto whole = whole_.find(address); whole != whole_.end()) {
+            found.usable_size = whole->second.usable_size;
+        }
         if (auto mapped = prefixes_.find(address); mapped != prefixes_.end()) {
             found.prefixes = mapped->second;
         }
@@ -328,7 +385,9 @@ private:
     // Drops a taken record's side entries, moving its prefixes into `taken`.
     [[gnu::cold]] [[gnu::noinline]] void drop_side_entries(std::uint64_t address, allocation_record& taken) {
         std::lock_guard lock(side_mutex_);
-        oversized_.erase(address);
+        if (const std::optional<std::uint64_t> usable = drop_whole(address)) {
+            taken.usable_size = *usable;
+        }
         if (auto mapped = prefixes_.find(address); mapped != prefixes_.end()) {
             taken.prefixes = std::move(mapped->second); // moved, not copied: no allocation
             prefixes_.erase(mapped);
@@ -338,7 +397,8 @@ private:
     nxmem::detail::sharded_table<packed_record> records_;
     mutable std::mutex side_mutex_;
     std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> prefixes_;
-    std::map<std::uint64_t, allocation_record> oversized_;
+    std::map<std::uint64_t, allocation_record> whole_; // records the packed word cannot hold
+    std::atomic<std::uint64_t> whole_bytes_{0};        // their usable bytes, written under side_mutex_
 };
 
 } // namespace nxmem::plugin

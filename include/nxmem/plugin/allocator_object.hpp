@@ -174,8 +174,7 @@ private:
         for (const queued_release& queued : queue_) {
             (void)release_to_mechanism(queued.record);
             forget(queued.record);
-            counts_.add(allocator_counts::queued_releases, -1);
-            counts_.add(allocator_counts::unrecorded_allocations, -1);
+            uncount_queued(queued.record);
         }
         this_module().live_imports.fetch_sub(imports_.size()); // their prefixes go just below
         if constexpr (shares_allocations<M>) {
@@ -309,11 +308,12 @@ private:
         }
         const block& made = memory.assume_value();
         try {
-            registry_.insert(made.address, request.size, request.alignment, request.allocation_id);
+            registry_.insert(made.address, request.size, request.alignment, request.allocation_id,
+                             made.size);
         } catch (...) {
             // Unrecorded, it could never be released: hand it back before reporting.
-            (void)release_to_mechanism(
-                {made.address, request.size, request.alignment, request.allocation_id, {}});
+            (void)release_to_mechanism({made.address, request.size, request.alignment,
+                                        request.allocation_id, {}, made.size});
             throw;
         }
         NxmemAllocResult written;
@@ -468,8 +468,11 @@ private:
                 return boost::outcome_v2::failure(std::move(record).error());
             }
             object.queue_.back().record = std::move(record).value();
-            object.counts_.add(allocator_counts::queued_releases, 1);
-            object.counts_.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
+            auto cell = object.counts_.this_thread();
+            cell.add(allocator_counts::queued_releases, 1);
+            cell.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
+            cell.add(allocator_counts::unrecorded_reserved_bytes,
+                     static_cast<std::int64_t>(object.queue_.back().record.usable_size));
             return boost::outcome_v2::success();
         });
     }
@@ -526,8 +529,7 @@ private:
                 next = std::move(queue_.front());
                 queue_.pop_front();
             }
-            counts_.add(allocator_counts::queued_releases, -1);
-            counts_.add(allocator_counts::unrecorded_allocations, -1);
+            uncount_queued(next.record);
             forget(next.record);
             auto completion = abi::make_struct<NxmemReleaseCompletion>();
             completion.ticket = next.ticket;
@@ -540,6 +542,14 @@ private:
             ++count;
             host_.release_completed(completion);
         }
+    }
+
+    // A queued release has retired (or was handed back when the allocator went): it is live no more.
+    void uncount_queued(const allocation_record& record) noexcept {
+        auto cell = counts_.this_thread();
+        cell.add(allocator_counts::queued_releases, -1);
+        cell.add(allocator_counts::unrecorded_allocations, -1);
+        cell.add(allocator_counts::unrecorded_reserved_bytes, -static_cast<std::int64_t>(record.usable_size));
     }
 
     // A queued allocation's retirement: the mechanism's retire, or, for a mechanism that
@@ -694,7 +704,7 @@ private:
             {
                 std::lock_guard lock(object.prefix_mutex_);
                 object.prefix_references_[prefix_id] =
-                    prefix_state{1, request.size, object.prefix_cost(request.size), 0, false};
+                    prefix_state{1, request.size, object.prefix_cost(request.size), 0, false, 0};
             }
             this_module().live_shared_prefixes.fetch_add(1);
             auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
@@ -801,19 +811,37 @@ private:
     // The mechanism's usage, completing the kit's counts if it asks for them.
     result<allocator_usage> usage() {
         if constexpr (usage_completes_kit_counts<M>) {
-            allocator_usage counted;
-            counted.live_allocations =
-                static_cast<std::uint64_t>(std::max<std::int64_t>(0, counts_.live_allocations()));
-            {
-                std::lock_guard lock(prefix_mutex_);
-                for (const auto& [prefix_id, prefix] : prefix_references_) {
-                    counted.shared_prefix_bytes += prefix.cost;
-                }
-            }
-            return mechanism_->usage(counted);
+            return mechanism_->usage(kit_usage());
         } else {
             return mechanism_->usage();
         }
+    }
+
+    // What the kit's own records say (docs/PLUGINS.md, "What the kit counts"): live allocations
+    // and their usable bytes, queued releases included; live prefixes at their cost; live imports
+    // and the bytes they map (a prefix import's until its local prefix goes, IP10). The mechanism
+    // adds mapped and quarantined bytes. A total the per-thread cells add to is read as at least 0:
+    // a release counted on another thread than its allocation may be seen first.
+    allocator_usage kit_usage() {
+        allocator_usage counted;
+        counted.live_allocations =
+            static_cast<std::uint64_t>(std::max<std::int64_t>(0, counts_.live_allocations()));
+        counted.reserved_bytes =
+            registry_.reserved_bytes() +
+            static_cast<std::uint64_t>(
+                std::max<std::int64_t>(0, counts_.sum(allocator_counts::unrecorded_reserved_bytes)));
+        std::lock_guard lock(prefix_mutex_);
+        for (const auto& [prefix_id, prefix] : prefix_references_) {
+            counted.shared_prefix_bytes += prefix.cost;
+            counted.imported_bytes += prefix.imported_bytes;
+        }
+        for (const auto& [import_id, imported] : imports_) {
+            if (imported.kind == NXMEM_IPC_ALLOCATION) { // a prefix import's bytes are its prefix's
+                counted.imported_bytes += imported.mapped_bytes;
+            }
+        }
+        counted.live_imports = imports_.size();
+        return counted;
     }
 
     // ---- sharing across processes (minor 3) ----
@@ -952,8 +980,8 @@ private:
         NXMEM_TRY(made, mechanism_->import_shared_prefix(handle, request.access));
         try {
             std::lock_guard lock(prefix_mutex_);
-            prefix_references_[made.prefix_id] =
-                prefix_state{1, handle.size, 0, 0, false}; // the import's: never costed here (IP10)
+            // The import's: never costed here, its bytes imported bytes while it lives (IP10).
+            prefix_references_[made.prefix_id] = prefix_state{1, handle.size, 0, 0, false, made.mapped_bytes};
             imports_[request.import_id] = {NXMEM_IPC_PREFIX, made.prefix_id, 0, handle.size,
                                            made.mapped_bytes, request.access};
         } catch (...) {
@@ -1105,14 +1133,16 @@ private:
     std::deque<queued_release> queue_;
     std::atomic<bool> draining_{false};
     std::mutex prefix_mutex_;
-    // Per live prefix: its references, its size and cost, the allocations mapping it now, and
-    // whether any ever did (C8: only the first mapping in its lifetime costs it).
+    // Per live prefix: its references, its size and cost, the allocations mapping it now,
+    // whether any ever did (C8: only the first mapping in its lifetime costs it), and for an
+    // imported one the bytes the import maps here (its cost is 0: the exporter pays, IP10).
     struct prefix_state {
         std::uint64_t references = 0;
         std::uint64_t size = 0;
         std::uint64_t cost = 0;
         std::uint64_t sharers = 0;
         bool ever_mapped = false;
+        std::uint64_t imported_bytes = 0;
     };
     std::unordered_map<std::uint64_t, prefix_state> prefix_references_;
     std::unordered_map<std::uint64_t, import_record> imports_; // by import id, under prefix_mutex_

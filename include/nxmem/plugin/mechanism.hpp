@@ -50,6 +50,9 @@ struct allocation_record {
     std::uint64_t alignment = 0;
     std::uint64_t allocation_id = 0;
     std::vector<std::uint64_t> prefixes; // shared prefixes mapped into it, by id
+    // The block's size, what the kit counts as reserved bytes; 0 (or anything below `size`)
+    // stands for `size`.
+    std::uint64_t usable_size = 0;
 };
 
 // How a release ended, as a mechanism reports it. `state` is any NxmemReleaseState; a mechanism
@@ -179,8 +182,9 @@ concept offers_structured_release = mechanism<M> && defines_release_allocation<M
 
 // NXMEM_CAP_USAGE_QUERY (minor 2): the mechanism reports what one allocator holds now, either
 // whole (`usage()`) or completing what the kit counts (`usage(allocator_usage counted)`: the kit
-// fills live_allocations, queued releases included, and shared_prefix_bytes, each live prefix at
-// its cost; the mechanism adds reserved, mapped and quarantined bytes). Either may be const.
+// fills live_allocations and reserved_bytes (their blocks' sizes), queued releases included,
+// shared_prefix_bytes, each live prefix at its cost, live_imports and imported_bytes; the
+// mechanism adds mapped and quarantined bytes, and may replace any field). Either may be const.
 template <class M>
 concept usage_counts_everything = requires {
     static_cast<member_function<M, result<allocator_usage>()>>(&M::usage);

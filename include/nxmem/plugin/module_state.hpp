@@ -36,7 +36,7 @@ private:
     friend class allocator_counts;
     mutable std::mutex counts_mutex_;
     allocator_counts* first_counts_ = nullptr; // an intrusive list: enlisting never allocates
-    std::int64_t left_counted_[3] = {};        // guarded by counts_mutex_
+    std::int64_t left_counted_[4] = {};        // guarded by counts_mutex_; allocator_counts' fields
     std::int64_t left_recorded_ = 0;           // recorded when their allocator went; the same
 };
 
@@ -53,7 +53,15 @@ inline module_state& this_module() noexcept {
 // hands everything back first, so that is normally nothing).
 class allocator_counts {
 public:
-    enum field : std::size_t { unrecorded_allocations, views, queued_releases, field_count };
+    // unrecorded_reserved_bytes: the usable bytes of the unrecorded allocations (the usage
+    // query's reserved bytes beside the registry's); the unload report has no use for it.
+    enum field : std::size_t {
+        unrecorded_allocations,
+        views,
+        queued_releases,
+        unrecorded_reserved_bytes,
+        field_count
+    };
 
     // How many allocations `registry` records now; read when the host asks for a report, from
     // any thread, so it must be safe to call concurrently with allocate and release.
@@ -89,6 +97,8 @@ public:
     allocator_counts& operator=(const allocator_counts&) = delete;
 
     void add(field which, std::int64_t delta) noexcept { tally_.add(which, delta); }
+    // This thread's cell, for a call that changes several counts.
+    auto this_thread() noexcept { return tally_.this_thread(); }
     std::int64_t sum(field which) const noexcept { return tally_.sum(which); }
     // Live allocations: recorded and unrecorded ones (a sum read while other threads count may be
     // off by the calls in flight).
@@ -98,6 +108,7 @@ public:
 
 private:
     friend struct module_state;
+    static_assert(field_count == sizeof(module_state::left_counted_) / sizeof(std::int64_t));
     thread_tally<field_count> tally_;
     const void* registry_;
     recorded_count recorded_;
