@@ -87,7 +87,8 @@ template <class Fields> struct opaque_record {
     }
 };
 
-// The export ids this process has imported: each is admitted once.
+// The export ids imported through this guard: each is admitted once. One per allocator (ABI.md
+// IP8: a handle imports once into an allocator; another allocator may import it too).
 class replay_guard {
 public:
     // OK the first time `id` is seen; INVALID_ARGUMENT (a replay) every later time.
