@@ -168,3 +168,82 @@ TEST_CASE("an import's opaque bytes are read back only as written, and each expo
     guard.forget(written.id);
     CHECK(guard.admit(written.id, "m"));
 }
+
+TEST_CASE("import limits bound what a peer can make an allocator import, by count and by bytes (IP18)",
+          "[plugin-kit]") {
+    SECTION("the options set the bounds; absent ones keep their defaults") {
+        plugin::options given = plugin::options::parse("max_imports=2; max_imported_bytes=1M").value();
+        const plugin::import_bounds bounds = plugin::import_bounds::take(given).value();
+        CHECK(bounds.max_imports == 2);
+        CHECK(bounds.max_bytes == (1u << 20));
+        plugin::options none = plugin::options::parse("").value();
+        const plugin::import_bounds defaults = plugin::import_bounds::take(none).value();
+        CHECK(defaults.max_imports == 1024);
+        CHECK(defaults.max_bytes == plugin::import_bounds::physical_memory_bytes());
+        plugin::options malformed = plugin::options::parse("max_imports=many").value();
+        CHECK_FALSE(plugin::import_bounds::take(malformed));
+    }
+    plugin::import_limits limits(plugin::import_bounds{2, 100});
+    SECTION("BUSY naming the count while two imports are alive; a release makes room") {
+        REQUIRE(limits.reserve(10, "m"));
+        REQUIRE(limits.reserve(10, "m"));
+        const result<void> third = limits.reserve(10, "m");
+        REQUIRE_FALSE(third);
+        CHECK(third.error().code == status_code::busy);
+        CHECK_THAT(third.error().message, Catch::Contains("max_imports=2"));
+        CHECK(limits.imports() == 2); // the refusal counted nothing
+        CHECK(limits.bytes() == 20);
+        limits.release(10);
+        CHECK(limits.reserve(10, "m"));
+    }
+    SECTION("BUSY naming the bytes when the alive imports leave too few; INVALID_ARGUMENT for a "
+            "handle larger than the limit alone") {
+        REQUIRE(limits.reserve(60, "m"));
+        const result<void> short_of_room = limits.reserve(41, "m");
+        REQUIRE_FALSE(short_of_room);
+        CHECK(short_of_room.error().code == status_code::busy);
+        CHECK_THAT(short_of_room.error().message, Catch::Contains("max_imported_bytes=100"));
+        CHECK(limits.reserve(40, "m")); // exactly the room left
+        const result<void> never = limits.reserve(101, "m");
+        REQUIRE_FALSE(never);
+        CHECK(never.error().code == status_code::invalid_argument);
+        CHECK(limits.imports() == 2);
+        CHECK(limits.bytes() == 100);
+    }
+    SECTION("max_imports=0 accepts no import") {
+        plugin::import_limits closed(plugin::import_bounds{0, 100});
+        const result<void> refused = closed.reserve(1, "m");
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::invalid_argument);
+    }
+}
+
+TEST_CASE("committed granules: an entry made before a prefix's mapping, which then takes the committed "
+          "granules out of the allocation's cost", "[plugin-kit]") {
+    constexpr std::uint64_t granule = 4096;
+    plugin::committed_granules granules(granule);
+    plugin::allocation_record record{};
+    record.address = 0x100000;
+    record.size = 5 * granule + 100;
+    REQUIRE(granules.commit(record, byte_range{0, 3 * granule}));
+    granules.make_entry(record.address, record.size); // it has one: nothing changes
+    CHECK(granules.mapped_bytes(record.address) == 3 * granule);
+    CHECK(granules.map_prefix(record.address, record.size, 2 * granule - 1) == 2 * granule);
+    CHECK(granules.mapped_bytes(record.address) == granule);
+    // The prefix's granules stay its own: a commit over them maps only what lies past them.
+    std::uint64_t mapped_from = 0;
+    REQUIRE(granules.commit(record, byte_range{0, record.size}, [&](byte_range part) -> result<void> {
+        mapped_from = part.offset;
+        return success();
+    }));
+    CHECK(mapped_from == 2 * granule);
+    CHECK(granules.mapped_bytes(record.address) == 3 * granule + 100);
+    CHECK(granules.forget(record.address) == 3 * granule + 100);
+
+    plugin::allocation_record fresh = record;
+    fresh.address = 0x200000;
+    granules.make_entry(fresh.address, fresh.size); // no commit yet: costs nothing
+    CHECK(granules.mapped_bytes(fresh.address) == 0);
+    CHECK(granules.map_prefix(fresh.address, fresh.size, granule) == 0);
+    CHECK(granules.total_mapped_bytes() == 0);
+}

@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace nxmem::conform {
@@ -125,6 +127,22 @@ inline void finish_all(std::vector<std::unique_ptr<side_call>>& pending) {
     pending.clear();
 }
 
+// The allocator a deferred-release check drives, opened with the suite's callbacks
+// (release_completed offered), or the verdict to return instead: a failure when it does not open,
+// not applicable when it does not declare deferred release.
+using deferred_release_allocator = std::variant<std::unique_ptr<callback_allocator>, finding>;
+inline deferred_release_allocator open_with_deferred_release(const subject& target,
+                                                             callback_host& callbacks) {
+    result<std::unique_ptr<callback_allocator>> opened = callback_allocator::open(target, callbacks.table());
+    if (!opened) {
+        return failed("the mechanism opens with release_completed offered", opened.error().describe());
+    }
+    if ((opened.value()->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
+        return not_applicable("the mechanism does not declare NXMEM_CAP_DEFERRED_RELEASE");
+    }
+    return std::move(opened).value();
+}
+
 } // namespace detail
 
 // callbacks.retain_release: each retain keeps the allocator alive through one more release; the
@@ -219,11 +237,11 @@ struct check_callbacks_completion_reentry {
             inside = false;
         };
         steps.at("opening the mechanism");
-        NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
-                          detail::callback_allocator::open(target, callbacks.table()));
-        if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
-            return not_applicable("the mechanism does not declare NXMEM_CAP_DEFERRED_RELEASE");
+        detail::deferred_release_allocator opening = detail::open_with_deferred_release(target, callbacks);
+        if (const finding* verdict = std::get_if<finding>(&opening)) {
+            return *verdict;
         }
+        const std::unique_ptr<detail::callback_allocator>& opened = std::get<0>(opening);
         slots.emplace(opened->slots());
         std::vector<std::uint64_t> tickets;
         for (std::uint64_t ticket = 101; ticket <= 103; ++ticket) {
@@ -324,11 +342,11 @@ struct check_callbacks_completion_enqueues {
             }
         };
         steps.at("opening the mechanism");
-        NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
-                          detail::callback_allocator::open(target, callbacks.table()));
-        if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
-            return not_applicable("the mechanism does not declare NXMEM_CAP_DEFERRED_RELEASE");
+        detail::deferred_release_allocator opening = detail::open_with_deferred_release(target, callbacks);
+        if (const finding* verdict = std::get_if<finding>(&opening)) {
+            return *verdict;
         }
+        const std::unique_ptr<detail::callback_allocator>& opened = std::get<0>(opening);
         slots.emplace(opened->slots());
         for (std::size_t index = 0; index + 1 < tickets.size(); ++index) {
             steps.at("enqueue_release of ticket " + std::to_string(tickets[index]));
@@ -645,11 +663,11 @@ struct check_misuse_queued_release {
         callbacks.on_completed = [&](const NxmemReleaseCompletion& completion) {
             retired.push_back(completion.ticket);
         };
-        NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
-                          detail::callback_allocator::open(target, callbacks.table()));
-        if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
-            return not_applicable("the mechanism does not declare NXMEM_CAP_DEFERRED_RELEASE");
+        detail::deferred_release_allocator opening = detail::open_with_deferred_release(target, callbacks);
+        if (const finding* verdict = std::get_if<finding>(&opening)) {
+            return *verdict;
         }
+        const std::unique_ptr<detail::callback_allocator>& opened = std::get<0>(opening);
         const detail::raw_slots slots = opened->slots();
         NXMEM_CONFORM_TRY(made, "an allocation to queue", slots.allocate(4096, 64));
         constexpr std::uint64_t ticket = 7;

@@ -8,7 +8,8 @@
 //   commit:       return granules_.commit(record, range, [&](byte_range part) { ...map part... });
 //   decommit:     return granules_.decommit(record, range, [&](byte_range part) { ...unmap... });
 //   mapped_bytes: return granules_.mapped_bytes(record.address);
-//   a prefix mapped into the allocation: granules_.map_prefix(record.address, record.size, bytes);
+//   a prefix mapped into the allocation: granules_.make_entry(record.address, record.size) before
+//                 the mmap(MAP_FIXED) that cannot be undone, granules_.map_prefix(...) after it;
 //   a release:    release_outcome{NXMEM_RELEASE_COMPLETE, granules_.forget(record.address), 0}
 //
 // An allocation's entry is made by its first commit or prefix (a node and one bit per granule:
@@ -74,10 +75,21 @@ public:
         return change(record, range, false, map_nothing);
     }
 
+    // Makes the entry of the allocation at `address` (`size` bytes) unless it has one: the only
+    // allocation this block makes for it. Throws std::bad_alloc, changing nothing, when it cannot.
+    // Once the entry is made, map_prefix for the allocation allocates nothing and cannot throw:
+    // call this before the step that cannot be undone (the prefix's mmap(MAP_FIXED)), so a call
+    // refused for memory (E11) has mapped nothing.
+    void make_entry(std::uint64_t address, std::uint64_t size) {
+        std::lock_guard lock(mutex_);
+        (void)entry_for(address, size);
+    }
+
     // C8: a shared prefix of `prefix_bytes` is now mapped at the start of the allocation of
     // `size` bytes at `address`: the granules it covers are the prefix's, and those the
     // allocation had committed leave its cost (the prefix's mapping replaced them). Returns the
-    // bytes that left. Throws std::bad_alloc, changing nothing, if the entry cannot be made.
+    // bytes that left. Throws std::bad_alloc, changing nothing, if the entry cannot be made (never
+    // after make_entry).
     std::uint64_t map_prefix(std::uint64_t address, std::uint64_t size, std::uint64_t prefix_bytes) {
         std::lock_guard lock(mutex_);
         entry& found = entry_for(address, size);

@@ -5,12 +5,16 @@
 // reads them back only when their length and tag are exactly the record's, and admits each export
 // id once: a handle imported a second time (a replay of a record another process kept) is refused
 // (docs/ABI.md IP7, IP8). Every refusal is INVALID_ARGUMENT naming the mechanism and the fault.
+// import_limits bounds what another process can make one allocator import, by count and by bytes
+// (IP18), with the options posix-lazy names them by.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
 #include <nxmem/nxmem_memory_abi.h>
+#include <nxmem/plugin/options.hpp>
 
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <array>
 #include <cerrno>
@@ -110,6 +114,104 @@ public:
 private:
     std::mutex mutex_;
     std::set<export_id> seen_;
+};
+
+// The bounds of IP18, read at open from the options `max_imports` (imports alive; default 1024)
+// and `max_imported_bytes` (their mapped bytes; default the machine's physical memory, so a
+// peer's sparse handles cannot fill the address space). 0 imports means none is accepted.
+struct import_bounds {
+    static constexpr std::uint64_t default_max_imports = 1024;
+    std::uint64_t max_imports = default_max_imports;
+    std::uint64_t max_bytes = physical_memory_bytes();
+
+    static std::uint64_t physical_memory_bytes() noexcept {
+        const long pages = ::sysconf(_SC_PHYS_PAGES);
+        const long page = ::sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+                                     : UINT64_MAX;
+    }
+
+    // Takes both options (k, M, G suffixes), each absent one at its default.
+    static result<import_bounds> take(options& open_options) {
+        import_bounds taken;
+        NXMEM_TRY(imports, open_options.take_bytes("max_imports"));
+        NXMEM_TRY(bytes, open_options.take_bytes("max_imported_bytes"));
+        taken.max_imports = imports.value_or(taken.max_imports);
+        taken.max_bytes = bytes.value_or(taken.max_bytes);
+        return taken;
+    }
+};
+
+// What one allocator has imported and may still import (IP18): imports alive (allocation imports
+// not closed, imported prefixes not destroyed) and the bytes they map. `reserve` before an import
+// maps or keeps anything; `release` when it ends, or when it fails after its reserve.
+class import_limits {
+public:
+    explicit import_limits(import_bounds bounds) noexcept : bounds_(bounds) {}
+
+    // Counts one more import of `bytes` (what it maps: imported_prefix::mapped_bytes or
+    // imported_allocation::mapped_bytes). INVALID_ARGUMENT when the handle alone is larger than
+    // max_imported_bytes (or max_imports is 0): it never fits. BUSY naming the limit when the
+    // imports alive leave no room: closing imports makes room, and the same handle imports then.
+    // A refusal counts nothing.
+    result<void> reserve(std::uint64_t bytes, const char* mechanism) {
+        if (bytes > bounds_.max_bytes || bounds_.max_imports == 0) [[unlikely]] {
+            return never_fits(bytes, mechanism);
+        }
+        std::unique_lock lock(mutex_);
+        if (imports_ < bounds_.max_imports && bytes <= bounds_.max_bytes - bytes_) [[likely]] {
+            ++imports_;
+            bytes_ += bytes;
+            return boost::outcome_v2::success();
+        }
+        const std::uint64_t alive = imports_;
+        const std::uint64_t held = bytes_;
+        lock.unlock(); // the message is built without it
+        return no_room(bytes, alive, held, mechanism);
+    }
+
+    // An import of `bytes` that reserve admitted ends (or failed after it).
+    void release(std::uint64_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        --imports_;
+        bytes_ -= bytes;
+    }
+
+    std::uint64_t imports() const noexcept {
+        std::lock_guard lock(mutex_);
+        return imports_;
+    }
+    std::uint64_t bytes() const noexcept {
+        std::lock_guard lock(mutex_);
+        return bytes_;
+    }
+
+private:
+    [[gnu::cold]] failure never_fits(std::uint64_t bytes, const char* mechanism) const {
+        return fail(status_code::invalid_argument,
+                    std::string(mechanism) + ": a handle of " + std::to_string(bytes) +
+                        " bytes is refused: this allocator imports at most " +
+                        std::to_string(bounds_.max_imports) + " objects of at most " +
+                        std::to_string(bounds_.max_bytes) +
+                        " bytes in all (max_imports, max_imported_bytes)");
+    }
+
+    [[gnu::cold]] failure no_room(std::uint64_t bytes, std::uint64_t alive, std::uint64_t held,
+                                  const char* mechanism) const {
+        return fail(status_code::busy,
+                    std::string(mechanism) + ": importing " + std::to_string(bytes) + " bytes would pass " +
+                        (alive >= bounds_.max_imports
+                             ? "max_imports=" + std::to_string(bounds_.max_imports) + " (" +
+                                   std::to_string(alive) + " imports alive)"
+                             : "max_imported_bytes=" + std::to_string(bounds_.max_bytes) + " (" +
+                                   std::to_string(held) + " bytes imported now)") +
+                        "; close imports to make room");
+    }
+
+    const import_bounds bounds_;
+    mutable std::mutex mutex_;
+    std::uint64_t imports_ = 0;
+    std::uint64_t bytes_ = 0;
 };
 
 } // namespace nxmem::plugin
