@@ -742,8 +742,9 @@ private:
     }
 
     // Commits each gap within `pages`; `wanted`, their bytes, has been charged. The table learns
-    // of them once the walk is over (the walk must not change what it walks). On failure what was
-    // committed stays committed (mapped_bytes tells) and the rest of the charge is given back.
+    // of them once the walk is over (the walk must not change what it walks). On failure the gaps
+    // committed before it are given back (ABI.md E12: a commit refused half-way changes nothing);
+    // only a gap the kernel will not make inaccessible again stays committed and counted.
     result<void> commit_gaps(reservation& held, const page_run& pages, std::uint64_t wanted) {
         const std::uint64_t page = page_bytes();
         std::uint64_t done = pages.second; // [pages.first, done) is committed after the walk
@@ -777,7 +778,11 @@ private:
             committed += held.bytes_of(gap);
             return true;
         });
-        held.committed.insert(pages.first, done);
+        std::uint64_t kept_from = pages.first; // [kept_from, done) stays committed
+        if (failure) [[unlikely]] {
+            kept_from = uncommit_gaps(held, page_run{pages.first, done}, committed);
+        }
+        held.committed.insert(kept_from, done);
         held.committed_bytes += committed;
         mapped_bytes_.fetch_add(committed, std::memory_order_relaxed);
         if (failure) [[unlikely]] {
@@ -785,6 +790,26 @@ private:
             return boost::outcome_v2::failure(std::move(*failure));
         }
         return boost::outcome_v2::success();
+    }
+
+    // Undoes a failed commit's gaps within `pages` (not yet in the table), freeing what they hold
+    // and taking their bytes off `committed`. Returns the first page still committed: `pages`'
+    // end, or the gap the kernel would not make inaccessible (that one and those after it stay).
+    std::uint64_t uncommit_gaps(reservation& held, const page_run& pages, std::uint64_t& committed) {
+        const std::uint64_t page = page_bytes();
+        std::uint64_t kept_from = pages.second;
+        held.committed.for_each_gap(pages.first, pages.second, [&](const page_run& gap) {
+            const std::uint64_t at = held.address + gap.first * page;
+            const std::uint64_t length = (gap.second - gap.first) * page;
+            (void)discard(held, at, length);
+            if (::mprotect(reinterpret_cast<void*>(at), static_cast<std::size_t>(length), PROT_NONE) != 0) {
+                kept_from = gap.first;
+                return false;
+            }
+            committed -= held.bytes_of(gap);
+            return true;
+        });
+        return kept_from;
     }
 
     // Replaces [at, at + length) of a reservation with a fresh uncommitted one: the pages are

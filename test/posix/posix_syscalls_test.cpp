@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -33,6 +34,9 @@ struct syscall_counts {
     std::atomic<int> munmap{0};
     std::atomic<int> mprotect{0};
     std::atomic<int> madvise{0};
+    // The n-th mprotect(PROT_READ | PROT_WRITE) in the window fails with ENOMEM (0: none does),
+    // as the kernel's count of mappings makes it fail.
+    std::atomic<int> failing_read_write_mprotect{0};
     std::size_t allocations = 0; // operator new, in the window
 };
 syscall_counts counts;
@@ -89,6 +93,11 @@ int mprotect(void* address, std::size_t length, int protection) {
     static const auto next = next_definition<int (*)(void*, std::size_t, int)>("mprotect");
     if (counting()) {
         ++counts.mprotect;
+        if (protection == (PROT_READ | PROT_WRITE) && counts.failing_read_write_mprotect > 0 &&
+            --counts.failing_read_write_mprotect == 0) {
+            errno = ENOMEM;
+            return -1;
+        }
     }
     return next(address, length, protection);
 }
@@ -170,6 +179,39 @@ TEST_CASE("posix-lazy makes one system call per step: reserve, commit, decommit,
         count_calls([&] { REQUIRE(lazy.release(live)); });
         CHECK(counts.munmap == 1);
         CHECK(counts.mmap + counts.mmap_fixed + counts.mprotect + counts.madvise == 0);
+    });
+}
+
+TEST_CASE("posix-lazy: a commit the kernel refuses half-way gives back what it committed (E12)",
+          "[posix][syscalls][lazy]") {
+    const std::uint64_t page = page_size();
+    with_lazy([&](auto& lazy, auto& backing) {
+        const std::uint64_t size = 8 * page;
+        auto live = value_or_fail(lazy.allocate(size, page));
+        // Pages 1, 3 and 5 committed: committing [0, 8 pages) fills four gaps, one call each.
+        for (const std::uint64_t committed_page : {1, 3, 5}) {
+            REQUIRE(backing.commit(live, {committed_page * page, page}));
+        }
+        static_cast<unsigned char*>(live.address)[page] = 0x11;
+        REQUIRE(value_or_fail(backing.mapped_bytes(live)) == 3 * page);
+
+        counts.failing_read_write_mprotect = 3; // the third gap's, after two went through
+        count_calls([&] {
+            const result<void> refused = backing.commit(live, {0, size});
+            REQUIRE_FALSE(refused);
+            CHECK(refused.error().code == status_code::out_of_memory);
+            CHECK_THAT(refused.error().message, Catch::Matchers::Contains("mprotect"));
+        });
+        counts.failing_read_write_mprotect = 0;
+        // Three tries, then the two gaps made accessible given back: nothing changed.
+        CHECK(counts.mprotect == 5);
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == 3 * page);
+        CHECK(static_cast<unsigned char*>(live.address)[page] == 0x11);
+
+        REQUIRE(backing.commit(live, {0, size}));
+        CHECK(value_or_fail(backing.mapped_bytes(live)) == size);
+        CHECK(static_cast<unsigned char*>(live.address)[page] == 0x11);
+        REQUIRE(lazy.release(live));
     });
 }
 
