@@ -471,38 +471,9 @@ private:
         release_import(checked.length);
     }
 
-    // Counts one more import of `length` bytes (whole pages) against max_imports and
-    // max_imported_bytes (IP18): BUSY naming the limit when the imports alive leave no room,
-    // INVALID_ARGUMENT when the handle alone is larger than the byte limit (or imports are off).
-    result<void> reserve_import(std::uint64_t length) {
-        const std::uint64_t most_bytes = settings_.max_imported_bytes;
-        const std::uint64_t most = settings_.max_imports;
-        if (length > most_bytes || most == 0) {
-            return fail(status_code::invalid_argument,
-                        std::string(name) + ": a handle of " + std::to_string(length) +
-                            " bytes is refused: this allocator imports at most " +
-                            std::to_string(most) + " objects of at most " +
-                            std::to_string(most_bytes) + " bytes in all (max_imports, max_imported_bytes)");
-        }
-        const std::uint64_t objects = imported_objects_.fetch_add(1, std::memory_order_relaxed);
-        const std::uint64_t bytes = imported_bytes_.fetch_add(length, std::memory_order_relaxed);
-        if (objects < most && bytes <= most_bytes - length) [[likely]] {
-            return boost::outcome_v2::success();
-        }
-        release_import(length);
-        return fail(status_code::busy,
-                    std::string(name) + ": importing " + std::to_string(length) + " bytes would pass " +
-                        (objects >= most ? "max_imports=" + std::to_string(most) + " (" +
-                                               std::to_string(objects) + " imports alive)"
-                                         : "max_imported_bytes=" + std::to_string(most_bytes) + " (" +
-                                               std::to_string(bytes) + " bytes imported now)") +
-                        "; close imports to make room");
-    }
-
-    void release_import(std::uint64_t length) noexcept {
-        imported_objects_.fetch_sub(1, std::memory_order_relaxed);
-        imported_bytes_.fetch_sub(length, std::memory_order_relaxed);
-    }
+    // Counts one more import of `length` bytes (whole pages) against the IP18 bounds.
+    result<void> reserve_import(std::uint64_t length) { return import_limits_.reserve(length, name); }
+    void release_import(std::uint64_t length) noexcept { import_limits_.release(length); }
 
     // Fills the mechanism's part of a handle for the memfd `fd` holding `size` bytes (in whole
     // pages): its size sealed, a new descriptor allowing `access`, the opaque bytes with a new
@@ -920,9 +891,8 @@ private:
     // decommitted so a query walks no reservation; the kit counts the rest.
     std::atomic<std::uint64_t> mapped_bytes_{0};
     // What the import limits count (IP18): allocation imports not closed and imported prefixes not
-    // destroyed, and their whole pages (what usage() reports as imported_bytes).
-    std::atomic<std::uint64_t> imported_objects_{0};
-    std::atomic<std::uint64_t> imported_bytes_{0};
+    // destroyed, and their whole pages.
+    plugin::import_limits import_limits_{settings_.imports};
     prefix_table<prefix_file> prefixes_;
     // The export ids this allocator has imported, closed ones included: a handle imports once.
     std::mutex imported_mutex_;

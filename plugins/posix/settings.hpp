@@ -12,6 +12,7 @@
 // The kit refuses any other option, naming it (an eager option given to lazy included).
 #pragma once
 
+#include <nxmem/plugin/import_guard.hpp>
 #include <nxmem/plugin/options.hpp>
 
 #include <unistd.h>
@@ -74,16 +75,7 @@ struct lazy_settings : settings {
     // (allocation imports not closed, imported prefixes not destroyed) and their whole pages. By
     // default 1024 and the machine's physical memory: a peer's sparse handles cannot fill this
     // process's address space, and more than the machine holds cannot be memory anyway.
-    static constexpr std::uint64_t default_max_imports = 1024;
-    std::uint64_t max_imports = default_max_imports;
-    std::uint64_t max_imported_bytes = physical_memory();
-
-    static std::uint64_t physical_memory() noexcept {
-        const long pages = ::sysconf(_SC_PHYS_PAGES);
-        const long page = ::sysconf(_SC_PAGESIZE);
-        return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
-                                     : UINT64_MAX;
-    }
+    plugin::import_bounds imports;
 
     static result<lazy_settings> take(plugin::options& options, const char* mechanism) {
         lazy_settings taken;
@@ -103,10 +95,8 @@ struct lazy_settings : settings {
                             "' is neither 'private' nor 'memfd'");
         }
         taken.share_memfd = share && *share == "memfd";
-        NXMEM_TRY(max_imports, options.take_bytes("max_imports"));
-        NXMEM_TRY(max_imported_bytes, options.take_bytes("max_imported_bytes"));
-        taken.max_imports = max_imports.value_or(default_max_imports);
-        taken.max_imported_bytes = max_imported_bytes.value_or(physical_memory());
+        NXMEM_TRY(imports, plugin::import_bounds::take(options));
+        taken.imports = imports;
         return taken;
     }
 };
