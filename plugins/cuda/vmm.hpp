@@ -19,7 +19,10 @@
 //   import (prefix)       the handle checked (sharing.hpp), cuMemImportFromShareableHandle, its
 //                         size proved by one mapping into a scratch reservation; a local prefix
 //   release               unmap and release every private chunk, unmap the prefix, then
-//                         cuMemAddressFree
+//                         cuMemAddressFree; a fenced release (minor 4) only once its fences have
+//                         completed (stream_order.hpp)
+//   copy                  cuMemcpyDtoH / cuMemcpyHtoD over committed memory (the prefix's
+//                         included), or their Async forms on a CUDA_STREAM fence's stream
 // Every call runs with the device's primary context current.
 //
 // Ranges: the offset is a multiple of the chunk and the length too, or it reaches the end of the
@@ -51,6 +54,7 @@
 #include "device_context.hpp"
 #include "settings.hpp"
 #include "sharing.hpp"
+#include "stream_order.hpp"
 
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
@@ -74,7 +78,7 @@ using posix::page_run; // [first, end) chunk indices here
 using posix::page_runs;
 using posix::round_up;
 
-class vmm_mechanism {
+class vmm_mechanism : public stream_ordered {
 public:
     static constexpr const char* name = "cuda-vmm";
     static constexpr std::uint64_t mechanism_id = 0x43554402; // "CUD" 2
@@ -82,8 +86,8 @@ public:
     static constexpr bool uses_host_reclaim = true; // when a budget is set
 
     vmm_mechanism(const settings& taken, const plugin::open_context& context,
-                  std::unique_ptr<device_context> device, std::uint64_t granularity)
-        : device_(std::move(device)), sharing_(*device_), chunk_(granularity),
+                  std::shared_ptr<device_context> device, std::uint64_t granularity)
+        : stream_ordered(device), device_(std::move(device)), sharing_(*device_), chunk_(granularity),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     vmm_mechanism(const vmm_mechanism&) = delete;
@@ -175,6 +179,21 @@ public:
     // plugin could observe (the engine drains once its streams are done with the memory).
     result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
         return posix::retired_now(release_allocation(record));
+    }
+
+    // ---- copies (minor 4; the rest is stream_ordered's) ----
+
+    // Whether every chunk the bytes touch is committed, or lies under the mapped prefix.
+    bool range_committed(const plugin::allocation_record& record, byte_range range) const {
+        result<std::shared_ptr<reservation>> held = reservations_.find(
+            record.address, [&](const std::shared_ptr<reservation>* found) { return matches(record, found); });
+        if (!held || range.length == 0) {
+            return held.has_value();
+        }
+        std::lock_guard lock(held.value()->mutex);
+        const std::uint64_t first = std::max(range.offset / chunk_, held.value()->prefix_chunks);
+        const std::uint64_t end = (range.offset + range.length + chunk_ - 1) / chunk_;
+        return first >= end || held.value()->committed.uncommitted_within(first, end).empty();
     }
 
     // ---- virtual backing ----
@@ -710,11 +729,12 @@ private:
         return prefix_id;
     }
 
-    std::unique_ptr<device_context> device_;
+    std::shared_ptr<device_context> device_;
     device_sharing sharing_; // refers to *device_
     const std::uint64_t chunk_;
     posix::byte_budget budget_;
-    nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
+    // mutable: a lookup (range_committed is const) takes a shard lock and changes nothing
+    mutable nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
     posix::prefix_table<prefix_memory> prefixes_;
     std::mutex quarantine_mutex_;
     std::vector<std::shared_ptr<reservation>> quarantine_;

@@ -929,6 +929,25 @@ CUresult fake_stream_synchronize(CUstream handle) {
     return CUDA_SUCCESS;
 }
 
+// Waits for the work queued so far on every stream, stream 0 and the plugin's own included.
+CUresult fake_ctx_synchronize() {
+    std::vector<CUstream_st*> streams{&legacy_stream()};
+    {
+        std::lock_guard lock(state_mutex);
+        fake_state& fake = state();
+        if (!has_context()) {
+            ++fake.calls_without_context;
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        streams.insert(streams.end(), fake.streams.begin(), fake.streams.end());
+    }
+    // Outside the lock: a stream's work may wait on another's, which must be able to run.
+    for (CUstream_st* stream : streams) {
+        stream->queue.wait_idle();
+    }
+    return CUDA_SUCCESS;
+}
+
 CUresult fake_stream_wait_event(CUstream handle, CUevent event, unsigned int flags) {
     std::lock_guard lock(state_mutex);
     fake_state& fake = state();
@@ -1105,6 +1124,7 @@ const entry_point entry_points[] = {
     {"cuMemcpyDtoH", 3020, as_pointer(&fake_memcpy_dtoh)},
     {"cuMemcpyHtoDAsync", 3020, as_pointer(&fake_memcpy_htod_async)},
     {"cuMemcpyDtoHAsync", 3020, as_pointer(&fake_memcpy_dtoh_async)},
+    {"cuCtxSynchronize", 2000, as_pointer(&fake_ctx_synchronize)},
     {"cuStreamCreate", 2000, as_pointer(&fake_stream_create)},
     {"cuStreamDestroy", 4000, as_pointer(&fake_stream_destroy)},
     {"cuStreamQuery", 2000, as_pointer(&fake_stream_query)},
