@@ -5,6 +5,7 @@
 // freed nor handed on until the stream has passed the fence. Without the fence it does, which is
 // what shows the test able to fail. In the suite 'concurrency', so scripts/test runs it under
 // ThreadSanitizer; the streams are held (fake_cuda_hold_stream), never slept on.
+#include "cuda_support.hpp"
 #include "raw_allocator.hpp"
 
 #include <algorithm>
@@ -51,7 +52,7 @@ struct outcome {
 // work, else at once); a block of the same size is allocated and written with Y through stream
 // C; A is let go; the second owner's bytes are read back.
 outcome kernel_then_release(fake_driver& fake, bool fenced) {
-    raw_allocator eager("cuda-eager");
+    raw_allocator eager(test::cuda_plugin_path(), "cuda-eager");
     const driver_calls calls = fake.calls();
     current_context context(calls);
     scoped_stream kernel_stream(calls, CU_STREAM_NON_BLOCKING);
@@ -60,7 +61,7 @@ outcome kernel_then_release(fake_driver& fake, bool fenced) {
 
     const NxmemAllocation first = eager.allocate(block_size);
     seen.first_address = first.address;
-    fake.hold(kernel_stream.get(), true);
+    auto held_kernel_stream = fake.holding(kernel_stream.get());
     fill kernel{first.address, block_size, kernel_byte};
     REQUIRE(calls.launch_host_func(kernel_stream.get(), &run_fill, &kernel) == CUDA_SUCCESS);
 
@@ -81,7 +82,7 @@ outcome kernel_then_release(fake_driver& fake, bool fenced) {
                                     const_cast<unsigned char*>(mine.data()), &on_owner_stream)) == NXMEM_STATUS_OK);
     REQUIRE(calls.stream_synchronize(owner_stream.get()) == CUDA_SUCCESS);
 
-    fake.hold(kernel_stream.get(), false);
+    held_kernel_stream.let_go();
     REQUIRE(calls.stream_synchronize(kernel_stream.get()) == CUDA_SUCCESS);
     seen.second_bytes.assign(block_size, 0);
     REQUIRE(eager.copy(copy_request(NXMEM_COPY_TO_HOST, second, 0, block_size, seen.second_bytes.data())) ==
@@ -124,7 +125,7 @@ TEST_CASE("a release fenced on an event retires once the event's work has run; d
           "[cuda][concurrency][fenced]") {
     fake_driver fake;
     {
-        raw_allocator vmm("cuda-vmm");
+        raw_allocator vmm(test::cuda_plugin_path(), "cuda-vmm");
         CHECK((vmm.table().capabilities & NXMEM_CAP_FENCED_RELEASE) != 0);
         CHECK(vmm.table().fenced_release->fence_kinds ==
               ((1u << NXMEM_FENCE_HOST_TIMELINE) | (1u << NXMEM_FENCE_CUDA_STREAM) | (1u << NXMEM_FENCE_CUDA_EVENT)));
@@ -134,7 +135,7 @@ TEST_CASE("a release fenced on an event retires once the event's work has run; d
         const NxmemAllocation live = vmm.allocate(chunk);
         vmm.commit_all(live);
 
-        fake.hold(stream.get(), true);
+        auto held_stream = fake.holding(stream.get());
         fill kernel{live.address, chunk, kernel_byte};
         REQUIRE(calls.launch_host_func(stream.get(), &run_fill, &kernel) == CUDA_SUCCESS);
         CUevent done = nullptr;
@@ -149,7 +150,7 @@ TEST_CASE("a release fenced on an event retires once the event's work has run; d
         CHECK(fake.counts().mappings == 1); // not unmapped while the kernel may still write
         CHECK(vmm.queued_releases() == 1);
 
-        fake.hold(stream.get(), false);
+        held_stream.let_go();
         REQUIRE(calls.ctx_synchronize() == CUDA_SUCCESS); // the plugin's stream too
         CHECK(vmm.drain() == std::vector<std::uint64_t>{ticket});
         CHECK(fake.counts().mappings == 0);
@@ -164,7 +165,7 @@ TEST_CASE("fenced releases retire in enqueue order, a host timeline's once the c
           "[cuda][concurrency][fenced]") {
     fake_driver fake;
     {
-        raw_allocator eager("cuda-eager");
+        raw_allocator eager(test::cuda_plugin_path(), "cuda-eager");
         const driver_calls calls = fake.calls();
         current_context context(calls);
         scoped_stream stream(calls, CU_STREAM_NON_BLOCKING);

@@ -1,6 +1,7 @@
 // Streams on the fake driver (work runs later, in order; a held stream keeps it pending; events;
 // stream 0's ordering) and the cuda plugin's copies (ABI minor 4): synchronous and queued on a
 // stream, both ways, for cuda-eager and cuda-vmm, and the copies the kit refuses touching nothing.
+#include "cuda_support.hpp"
 #include "raw_allocator.hpp"
 
 #include <algorithm>
@@ -68,7 +69,7 @@ TEST_CASE("the fake driver runs a stream's work later and in order; a held strea
         REQUIRE(calls.event_create(&after_both, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
         CHECK(calls.event_query(after_both) == CUDA_SUCCESS); // never recorded: complete
 
-        fake.hold(stream.get(), true);
+        auto held_stream = fake.holding(stream.get());
         REQUIRE(calls.launch_host_func(stream.get(), &log_step, &first) == CUDA_SUCCESS);
         REQUIRE(calls.launch_host_func(stream.get(), &log_step, &second) == CUDA_SUCCESS);
         REQUIRE(calls.event_record(after_both, stream.get()) == CUDA_SUCCESS);
@@ -79,7 +80,7 @@ TEST_CASE("the fake driver runs a stream's work later and in order; a held strea
         CHECK(fake.counts().streams == 1);
         CHECK(fake.counts().events == 1);
 
-        fake.hold(stream.get(), false);
+        held_stream.let_go();
         REQUIRE(calls.event_synchronize(after_both) == CUDA_SUCCESS);
         CHECK(logged(log) == std::vector<int>{1, 2});
         REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
@@ -105,7 +106,7 @@ TEST_CASE("cuStreamWaitEvent orders a stream after another's recorded work; stre
         CUevent ready = nullptr;
         REQUIRE(calls.event_create(&ready, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
 
-        fake.hold(producer.get(), true);
+        auto held_producer = fake.holding(producer.get());
         REQUIRE(calls.launch_host_func(producer.get(), &log_step, &produced) == CUDA_SUCCESS);
         REQUIRE(calls.event_record(ready, producer.get()) == CUDA_SUCCESS);
         REQUIRE(calls.stream_wait_event(consumer.get(), ready, 0) == CUDA_SUCCESS);
@@ -114,7 +115,7 @@ TEST_CASE("cuStreamWaitEvent orders a stream after another's recorded work; stre
         // Stream 0 does not wait for non-blocking streams.
         REQUIRE(calls.stream_synchronize(nullptr) == CUDA_SUCCESS);
 
-        fake.hold(producer.get(), false);
+        held_producer.let_go();
         REQUIRE(calls.stream_synchronize(consumer.get()) == CUDA_SUCCESS);
         CHECK(logged(log) == std::vector<int>{1, 2});
 
@@ -122,11 +123,11 @@ TEST_CASE("cuStreamWaitEvent orders a stream after another's recorded work; stre
             scoped_stream blocking(calls, CU_STREAM_DEFAULT);
             logged_step late{&log, 3};
             logged_step on_stream_zero{&log, 4};
-            fake.hold(blocking.get(), true);
+            auto held_blocking = fake.holding(blocking.get());
             REQUIRE(calls.launch_host_func(blocking.get(), &log_step, &late) == CUDA_SUCCESS);
             REQUIRE(calls.launch_host_func(nullptr, &log_step, &on_stream_zero) == CUDA_SUCCESS);
             CHECK(calls.stream_query(nullptr) == CUDA_ERROR_NOT_READY);
-            fake.hold(blocking.get(), false);
+            held_blocking.let_go();
             REQUIRE(calls.stream_synchronize(nullptr) == CUDA_SUCCESS);
             CHECK(logged(log) == std::vector<int>{1, 2, 3, 4});
         }
@@ -153,11 +154,11 @@ TEST_CASE("the fake's driver copies go both ways, synchronously and on a stream"
 
         const std::vector<unsigned char> later = pattern(device.size(), 11);
         std::vector<unsigned char> read_later(device.size(), 0);
-        fake.hold(stream.get(), true);
+        auto held_stream = fake.holding(stream.get());
         REQUIRE(calls.memcpy_htod_async(at, later.data(), later.size(), stream.get()) == CUDA_SUCCESS);
         REQUIRE(calls.memcpy_dtoh_async(read_later.data(), at, read_later.size(), stream.get()) == CUDA_SUCCESS);
         CHECK(calls.stream_query(stream.get()) == CUDA_ERROR_NOT_READY);
-        fake.hold(stream.get(), false);
+        held_stream.let_go();
         REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
         CHECK(device == later);
         CHECK(read_later == later);
@@ -171,7 +172,7 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
     {
         const char* mechanism = GENERATE("cuda-eager", "cuda-vmm");
         INFO(mechanism);
-        raw_allocator allocator(mechanism);
+        raw_allocator allocator(test::cuda_plugin_path(), mechanism);
         CHECK((allocator.table().capabilities & NXMEM_CAP_COPY) != 0);
         CHECK(allocator.table().copy->stream_kinds == (1u << NXMEM_FENCE_CUDA_STREAM));
         const driver_calls calls = fake.calls();
@@ -197,7 +198,7 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
         const NxmemFence on_stream = cuda_fence(NXMEM_FENCE_CUDA_STREAM, stream.get());
         const std::vector<unsigned char> later = pattern(100, 5);
         std::vector<unsigned char> read_later(later.size(), 0);
-        fake.hold(stream.get(), true);
+        auto held_stream = fake.holding(stream.get());
         REQUIRE(allocator.copy(copy_request(NXMEM_COPY_FROM_HOST, live, size - 100, later.size(),
                                             const_cast<unsigned char*>(later.data()), &on_stream)) ==
                 NXMEM_STATUS_OK);
@@ -205,7 +206,7 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
                                             read_later.data(), &on_stream)) == NXMEM_STATUS_OK);
         CHECK(fake.counts().stream_work_pending == 2);
         CHECK(std::all_of(read_later.begin(), read_later.end(), [](unsigned char b) { return b == 0; }));
-        fake.hold(stream.get(), false);
+        held_stream.let_go();
         REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
         CHECK(read_later == later);
 
@@ -237,7 +238,7 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
 TEST_CASE("cuda-vmm refuses a copy over memory that is not committed", "[cuda][streams][copy]") {
     fake_driver fake;
     {
-        raw_allocator vmm("cuda-vmm");
+        raw_allocator vmm(test::cuda_plugin_path(), "cuda-vmm");
         const NxmemAllocation live = vmm.allocate(2 * chunk);
         std::vector<unsigned char> buffer(100, 0xEE);
         std::string message;

@@ -173,8 +173,28 @@ public:
         return now;
     }
     unsigned context_depth() const { return depth_(); }
-    // Holds `stream` (work queued on it stays pending) or lets it go.
-    void hold(CUstream stream, bool held) const { REQUIRE(hold_(stream, held ? 1 : 0) == 0); }
+    // Holds `stream`: work queued on it stays pending until let_go(), or the end of the scope (a
+    // failed check leaves no stream held, so the stream's destruction cannot hang).
+    class stream_hold {
+    public:
+        stream_hold(const fake_driver& fake, CUstream stream) : fake_(&fake), stream_(stream) {
+            REQUIRE(fake_->hold_(stream_, 1) == 0);
+        }
+        stream_hold(const stream_hold&) = delete;
+        stream_hold& operator=(const stream_hold&) = delete;
+        ~stream_hold() { let_go(); }
+        void let_go() {
+            if (fake_ != nullptr) {
+                (void)fake_->hold_(stream_, 0);
+                fake_ = nullptr;
+            }
+        }
+
+    private:
+        const fake_driver* fake_;
+        CUstream stream_;
+    };
+    stream_hold holding(CUstream stream) const { return stream_hold(*this, stream); }
     driver_calls calls() const { return driver_calls(handle_); }
 
     // Nothing held on the fake device, no context retained or left current, every call made

@@ -1,16 +1,17 @@
-// An allocator of the cuda plugin opened without the host in front of it, for the calls of ABI
+// An allocator of the cuda plugin (the file `plugin`) opened without the host in front of it, for the calls of ABI
 // minor 4 (fenced release, copies) made straight through the plugin's tables: its exports called
 // directly (conform::detail's raw library and factories), with this test's own release_completed,
 // so the tickets and allocation ids are the test's. Every failure fails the test.
 #pragma once
-
-#include "cuda_support.hpp"
 
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/abi/status.hpp>
 #include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
+#include <nxmem/device.hpp>
+
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -23,8 +24,8 @@ namespace nxmem::test {
 
 class raw_allocator {
 public:
-    explicit raw_allocator(const std::string& mechanism) {
-        auto library = conform::detail::raw_library::open(cuda_plugin_path());
+    raw_allocator(const std::string& plugin, const std::string& mechanism) {
+        auto library = conform::detail::raw_library::open(plugin);
         REQUIRE(library.has_value());
         library_.emplace(std::move(library).value());
         auto factories = conform::detail::raw_factories::create(*library_);

@@ -8,7 +8,8 @@
 //   cuMemMap / cuMemUnmap        mmap(MAP_SHARED|MAP_FIXED) of the memfd / PROT_NONE again
 //   cuMemSetAccess               mprotect(PROT_READ|PROT_WRITE)
 //   streams                      a host thread each, running the stream's queued work in order
-//                                (copies, host functions, event records, waits on events), so
+//                                (copies, memsets, host functions, event records, waits on
+//                                events), so
 //                                work really runs later; the legacy default stream (0) orders
 //                                against the blocking streams as the real one does, and the
 //                                synchronous copies run on it. A test can hold a stream
@@ -1044,28 +1045,43 @@ CUresult fake_launch_host_func(CUstream handle, CUhostFn function, void* user_da
     return CUDA_SUCCESS;
 }
 
+// Queues `work` on the stream `handle` names, for a call that needs a current context; the stream
+// and the work's ticket come back for a caller that waits.
+CUresult enqueue_in_context(CUstream handle, std::function<void()> work, CUstream_st*& stream,
+                            std::uint64_t& ticket) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    stream = stream_of(fake, handle);
+    if (stream == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    ticket = enqueue_ordered(fake, *stream, std::move(work));
+    return CUDA_SUCCESS;
+}
+
 // Device memory is host memory here: a copy is a memcpy, run in order on its stream.
 CUresult enqueue_copy(CUstream handle, void* destination, const void* source, size_t bytes, bool synchronous) {
     CUstream_st* stream = nullptr;
     std::uint64_t ticket = 0;
-    {
-        std::lock_guard lock(state_mutex);
-        fake_state& fake = state();
-        if (!has_context()) {
-            ++fake.calls_without_context;
-            return CUDA_ERROR_INVALID_CONTEXT;
-        }
-        stream = stream_of(fake, handle);
-        if (stream == nullptr) {
-            return CUDA_ERROR_INVALID_HANDLE;
-        }
-        ticket = enqueue_ordered(fake, *stream,
-                                 [destination, source, bytes] { std::memcpy(destination, source, bytes); });
-    }
-    if (synchronous) {
+    const CUresult code = enqueue_in_context(
+        handle, [destination, source, bytes] { std::memcpy(destination, source, bytes); }, stream, ticket);
+    if (code == CUDA_SUCCESS && synchronous) {
         stream->queue.wait_for(ticket);
     }
-    return CUDA_SUCCESS;
+    return code;
+}
+
+// A kernel-like write of device memory on a stream (the GPU test program's stand-in for a kernel).
+CUresult fake_memset_d8_async(CUdeviceptr destination, unsigned char value, size_t bytes, CUstream handle) {
+    CUstream_st* stream = nullptr;
+    std::uint64_t ticket = 0;
+    return enqueue_in_context(
+        handle, [destination, value, bytes] { std::memset(reinterpret_cast<void*>(destination), value, bytes); },
+        stream, ticket);
 }
 
 // The synchronous copies run on the legacy default stream and return once done, so they wait
@@ -1136,6 +1152,7 @@ const entry_point entry_points[] = {
     {"cuEventSynchronize", 2000, as_pointer(&fake_event_synchronize)},
     {"cuEventDestroy", 4000, as_pointer(&fake_event_destroy)},
     {"cuLaunchHostFunc", 10000, as_pointer(&fake_launch_host_func)},
+    {"cuMemsetD8Async", 3020, as_pointer(&fake_memset_d8_async)},
 };
 
 } // namespace
