@@ -166,6 +166,10 @@ public:
 
 protected:
     explicit stream_ordered(std::shared_ptr<const device_context> device) : streams_(std::move(device)) {}
+    // A checked copy at `address` (a shared prefix's window, for cuda-vmm).
+    result<void> copy_at(std::uint64_t address, const plugin::copy_job& job) const {
+        return streams_.copy(address, job);
+    }
 
 private:
     stream_order streams_;

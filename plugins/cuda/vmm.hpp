@@ -22,7 +22,9 @@
 //                         cuMemAddressFree; a fenced release (minor 4) only once its fences have
 //                         completed (stream_order.hpp)
 //   copy                  cuMemcpyDtoH / cuMemcpyHtoD over committed memory (the prefix's
-//                         included), or their Async forms on a CUDA_STREAM fence's stream
+//                         included), or their Async forms on a CUDA_STREAM fence's stream; a
+//                         shared prefix through a window of its own: one cuMemAddressReserve +
+//                         cuMemMap + cuMemSetAccess on its first copy, undone when it goes
 // Every call runs with the device's primary context current.
 //
 // Ranges: the offset is a multiple of the chunk and the length too, or it reaches the end of the
@@ -183,6 +185,14 @@ public:
 
     // ---- copies (minor 4; the rest is stream_ordered's) ----
 
+    // A prefix is reached through a window of its own, mapped on its first copy (it need not be
+    // mapped into any allocation) and kept until the prefix goes; it costs address space only.
+    result<void> copy_prefix(std::uint64_t prefix_id, const plugin::copy_job& job) {
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
+        NXMEM_TRY(window, window_of(*shared));
+        return copy_at(window + job.offset, job);
+    }
+
     // Whether every chunk the bytes touch is committed, or lies under the mapped prefix.
     bool range_committed(const plugin::allocation_record& record, byte_range range) const {
         result<std::shared_ptr<reservation>> held = reservations_.find(
@@ -286,7 +296,13 @@ public:
         }
         // Its last mapping went with its last sharer: releasing the handle frees the memory (an
         // imported one: this process's hold on it; the exporter and other importers keep theirs).
-        (void)device_->current([&] { return release_handle(gone->physical); });
+        (void)device_->current([&]() -> result<void> {
+            if (gone->window != 0) {
+                (void)unmap_range(gone->window, gone->length);
+                (void)device_->api().mem_address_free(gone->window, static_cast<std::size_t>(gone->length));
+            }
+            return release_handle(gone->physical);
+        });
         if (gone->imported) {
             imported_bytes_.fetch_sub(gone->length, std::memory_order_relaxed);
         } else {
@@ -395,6 +411,8 @@ private:
         std::atomic<bool> ever_mapped{false};
         bool imported = false;  // from another process: imported bytes, never charged here
         bool read_only = false; // mapped with CU_MEM_ACCESS_FLAGS_PROT_READ
+        std::mutex window_mutex; // guards window
+        CUdeviceptr window = 0;  // where copies reach it (mapped on the first copy), or 0
     };
 
     struct reservation {
@@ -652,6 +670,32 @@ private:
         }
         held.prefix_mapped = true;
         return boost::outcome_v2::success();
+    }
+
+    result<CUdeviceptr> window_of(prefix_memory& shared) const {
+        std::lock_guard lock(shared.window_mutex);
+        if (shared.window != 0) {
+            return shared.window;
+        }
+        return device_->current([&]() -> result<CUdeviceptr> {
+            CUdeviceptr window = 0;
+            NXMEM_TRY_VOID(device_->check(
+                device_->api().mem_address_reserve(&window, static_cast<std::size_t>(shared.length), 0, 0, 0),
+                [&] { return std::string(name) + ": cuMemAddressReserve of a prefix's copy window"; }));
+            result<void> mapped = map_physical(window, shared.length, shared.physical);
+            if (mapped) {
+                mapped = allow_access(window, shared.length, shared.read_only);
+                if (!mapped) {
+                    (void)unmap_range(window, shared.length);
+                }
+            }
+            if (!mapped) {
+                (void)device_->api().mem_address_free(window, static_cast<std::size_t>(shared.length));
+                return boost::outcome_v2::failure(std::move(mapped).error());
+            }
+            shared.window = window;
+            return window;
+        });
     }
 
     // An imported handle whose memory is smaller than the handle claims must not pass: it is

@@ -16,6 +16,7 @@ using nxmem::test::cuda_fence;
 using nxmem::test::current_context;
 using nxmem::test::driver_calls;
 using nxmem::test::fake_driver;
+using nxmem::test::prefix_copy_request;
 using nxmem::test::raw_allocator;
 using nxmem::test::scoped_stream;
 
@@ -247,6 +248,42 @@ TEST_CASE("cuda-vmm refuses a copy over memory that is not committed", "[cuda][s
         CHECK(message.find("not all committed") != std::string::npos);
         CHECK(std::all_of(buffer.begin(), buffer.end(), [](unsigned char b) { return b == 0xEE; }));
         vmm.deallocate(live);
+    }
+    fake.require_idle();
+}
+
+TEST_CASE("cuda-vmm copies to and from a shared prefix mapped nowhere, through a window it unmaps "
+          "when the prefix goes",
+          "[cuda][streams][copy]") {
+    fake_driver fake;
+    {
+        raw_allocator vmm(test::cuda_plugin_path(), "cuda-vmm");
+        const driver_calls calls = fake.calls();
+        current_context context(calls);
+        scoped_stream stream(calls, CU_STREAM_NON_BLOCKING);
+        const std::uint64_t size = chunk + 10;
+        const NxmemSharedPrefixHandle prefix = vmm.create_prefix(size);
+        const std::vector<unsigned char> written = pattern(size, 9);
+        REQUIRE(vmm.copy(prefix_copy_request(NXMEM_COPY_FROM_HOST, prefix, 0, size,
+                                             const_cast<unsigned char*>(written.data()))) == NXMEM_STATUS_OK);
+        CHECK(fake.counts().mappings == 1); // the window
+        std::vector<unsigned char> read(size, 0);
+        const NxmemFence on_stream = cuda_fence(NXMEM_FENCE_CUDA_STREAM, stream.get());
+        REQUIRE(vmm.copy(prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 0, size, read.data(), &on_stream)) ==
+                NXMEM_STATUS_OK);
+        REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
+        CHECK(read == written);
+        CHECK(vmm.copy(prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 1, size, read.data())) ==
+              NXMEM_STATUS_INVALID_ARGUMENT);
+
+        // An allocation mapping the prefix sees what the copy wrote.
+        const NxmemAllocation live = vmm.allocate(2 * chunk);
+        vmm.commit_prefix(live, prefix);
+        CHECK(std::equal(written.begin(), written.end(), host_view(live)));
+        vmm.deallocate(live);
+        vmm.release_prefix(prefix);
+        CHECK(fake.counts().mappings == 0);
+        CHECK(fake.counts().reservations == 0);
     }
     fake.require_idle();
 }

@@ -95,6 +95,37 @@ public:
         REQUIRE(code == NXMEM_STATUS_OK);
     }
 
+    // cuda-vmm: a shared prefix of `size` bytes, and its release.
+    NxmemSharedPrefixHandle create_prefix(std::uint64_t size) {
+        REQUIRE(table_.shared_mapping != nullptr);
+        auto request = abi::make_struct<NxmemSharedPrefixRequest>();
+        request.mechanism_id = table_.mechanism_id;
+        request.device = device();
+        request.size = size;
+        auto made = abi::make_struct<NxmemSharedPrefixHandle>();
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.shared_mapping->create_shared_prefix(self_, &request, &made, &status);
+        INFO(abi::read_status_message(status));
+        REQUIRE(code == NXMEM_STATUS_OK);
+        return made;
+    }
+    void commit_prefix(const NxmemAllocation& live, const NxmemSharedPrefixHandle& prefix) {
+        auto request = abi::make_struct<NxmemSharedPrefixCommitRequest>();
+        request.allocation = live;
+        request.prefix = prefix;
+        auto info = abi::make_struct<NxmemSharedPrefixCommitInfo>();
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.shared_mapping->commit_shared_prefix(self_, &request, &info, &status);
+        INFO(abi::read_status_message(status));
+        REQUIRE(code == NXMEM_STATUS_OK);
+    }
+    void release_prefix(const NxmemSharedPrefixHandle& prefix) {
+        NxmemStatus status = abi::make_status();
+        const NxmemStatusCode code = table_.shared_mapping->release_shared_prefix(self_, &prefix, &status);
+        INFO(abi::read_status_message(status));
+        REQUIRE(code == NXMEM_STATUS_OK);
+    }
+
     void deallocate(const NxmemAllocation& live) {
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = table_.deallocate(self_, &live, &status);
@@ -182,6 +213,21 @@ inline NxmemCopyRequest copy_request(NxmemCopyDirection direction, const NxmemAl
     made.direction = direction;
     made.target = NXMEM_COPY_ALLOCATION;
     made.allocation = live;
+    made.offset = offset;
+    made.length = length;
+    made.host_buffer = host_buffer;
+    made.stream = stream;
+    return made;
+}
+
+// The same for `length` bytes at `offset` of a shared prefix.
+inline NxmemCopyRequest prefix_copy_request(NxmemCopyDirection direction, const NxmemSharedPrefixHandle& prefix,
+                                            std::uint64_t offset, std::uint64_t length, void* host_buffer,
+                                            const NxmemFence* stream = nullptr) {
+    auto made = abi::make_struct<NxmemCopyRequest>();
+    made.direction = direction;
+    made.target = NXMEM_COPY_PREFIX;
+    made.prefix = prefix;
     made.offset = offset;
     made.length = length;
     made.host_buffer = host_buffer;
