@@ -3,6 +3,7 @@
 //          aligned to at most a page)                 when aligned beyond malloc's guarantee)
 //   large (everything else)                           an anonymous private mmap, over-mapped by
 //                                                     the alignment and trimmed with munmap
+// Copies (minor 4) are a memcpy: every byte is usable from the start.
 // The path is a pure function of (size, alignment) and the threshold fixed at open, so a release
 // finds it again from the kit's
 // record: the mechanism keeps no per-allocation state, takes no lock of its own and counts
@@ -60,6 +61,12 @@ public:
             return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, record.size, 0};
         }
         return release_charged(record);
+    }
+
+    // Copies (minor 4): every byte of an eager allocation is usable from the start.
+    result<void> copy(const plugin::allocation_record& record, const plugin::copy_job& job) {
+        plugin::copy_host_memory(record.address + job.offset, job);
+        return success();
     }
 
     // The kit counts the allocations and their blocks' bytes; everything eager costs its usable

@@ -24,6 +24,9 @@
 //                         read-only import of a read-write handle)
 //   commit_shared_prefix  mmap(MAP_SHARED|MAP_FIXED, fd) over the allocation's first pages
 //   release               munmap of the whole reservation (prefix mapping included)
+//   copy (minor 4)        memcpy under the reservation's lock, every page touched committed (or
+//                         the prefix's); a prefix's copy is pread/pwrite on its memfd
+//   fenced release        the kit's: a queued release waits for the host's timelines, then munmap
 //
 // With share=memfd each allocation is a memfd instead, so it can be exported (ABI.md IP14):
 //   allocate              memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING) + ftruncate to the whole
@@ -96,6 +99,8 @@ public:
     static constexpr std::uint64_t mechanism_id = 0x504f5802; // "POX" 2
     static constexpr std::uint64_t device_types = plugin::device_bit(NXMEM_DEVICE_CPU);
     static constexpr bool uses_host_reclaim = true; // when a budget is set
+    // Fenced release (minor 4): the kit waits on the host's timelines; retire is munmap.
+    static constexpr bool accepts_host_timeline_fences = true;
 
     lazy_mechanism(const lazy_settings& taken, const plugin::open_context& context)
         : settings_(taken),
@@ -264,6 +269,63 @@ public:
                          (punched ? "; those pages were not freed and stay committed (the "
                                     "allocation's file refuses holes: it is sealed against writes)"
                                   : "; those pages were emptied but stay committed")};
+    }
+
+    // ---- copies (minor 4) ----
+
+    // Whether every page `range` touches is committed, or the mapped prefix's (CP2).
+    bool range_committed(const plugin::allocation_record& record, byte_range range) {
+        result<std::shared_ptr<reservation>> held = find(record);
+        if (!held) {
+            return false;
+        }
+        std::lock_guard lock(held.value()->mutex);
+        return !held.value()->released && all_committed(*held.value(), pages_touched(range));
+    }
+
+    // A memcpy under the reservation's lock, so no decommit empties the pages meanwhile; into a
+    // read-only imported prefix's pages nothing is copied (they are mapped PROT_READ).
+    result<void> copy(const plugin::allocation_record& record, const plugin::copy_job& job) {
+        NXMEM_TRY(held, find(record));
+        std::lock_guard lock(held->mutex);
+        NXMEM_TRY_VOID(check_live(*held));
+        const page_run pages = pages_touched({job.offset, job.length});
+        if (!all_committed(*held, pages)) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the copy's pages are not all committed");
+        }
+        if (job.direction == NXMEM_COPY_FROM_HOST && held->prefix != nullptr &&
+            held->prefix->read_only && pages.first < held->prefix_pages) {
+            return fail(status_code::invalid_argument,
+                        std::string(name) + ": the copy writes into a prefix imported read-only");
+        }
+        plugin::copy_host_memory(held->address + job.offset, job);
+        return success();
+    }
+
+    // A prefix is its memfd: read or written with pread and pwrite, wherever it is mapped.
+    result<void> copy_prefix(std::uint64_t prefix_id, const plugin::copy_job& job) {
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
+        auto* buffer = static_cast<unsigned char*>(job.host_buffer);
+        std::uint64_t done = 0;
+        while (done < job.length) {
+            const auto left = static_cast<std::size_t>(job.length - done);
+            const auto at = static_cast<off_t>(job.offset + done);
+            const ssize_t moved = job.direction == NXMEM_COPY_TO_HOST
+                                      ? ::pread(shared->fd, buffer + done, left, at)
+                                      : ::pwrite(shared->fd, buffer + done, left, at);
+            if (moved <= 0) {
+                const int code = moved == 0 ? EIO : errno;
+                if (code == EINTR) {
+                    continue;
+                }
+                return fail(status_code::internal_error,
+                            std::string(name) + ": copying shared prefix " + std::to_string(prefix_id) +
+                                " failed after " + std::to_string(done) + " bytes: " + errno_text(code));
+            }
+            done += static_cast<std::uint64_t>(moved);
+        }
+        return success();
     }
 
     result<std::uint64_t> mapped_bytes(const plugin::allocation_record& record) {
@@ -722,6 +784,25 @@ private:
 
     // [first, end) page indices of a page-granular range; INVALID_ARGUMENT otherwise. The kit has
     // checked that the range is non-empty and lies within the allocation.
+    // The pages any byte of `range` (not empty) lies in.
+    static page_run pages_touched(byte_range range) noexcept {
+        const std::uint64_t page = page_bytes();
+        return page_run{range.offset / page, (range.offset + range.length + page - 1) / page};
+    }
+
+    // Whether each page of `pages` is committed or the mapped prefix's.
+    static bool all_committed(const reservation& held, const page_run& pages) {
+        const std::uint64_t first = std::max(pages.first, held.prefix_pages);
+        bool gap = false;
+        if (first < pages.second) {
+            held.committed.for_each_gap(first, pages.second, [&gap](const page_run&) {
+                gap = true;
+                return false;
+            });
+        }
+        return !gap;
+    }
+
     static result<page_run> pages_of(const plugin::allocation_record& record, byte_range range) {
         const std::uint64_t page = page_bytes();
         const bool reaches_end = range.offset + range.length == record.size;

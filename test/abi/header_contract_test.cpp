@@ -3,7 +3,7 @@
 //    in nxmem/abi/layout.hpp (the one table everything else derives from);
 //  - a C compiler agrees with the annotations too, through generated _Static_asserts;
 //  - the header compiles alone as C11, and so does the C example plugin against it alone;
-//  - the layout of minors 0 to 3 is frozen: it matches test/abi/golden_layout.txt line for line,
+//  - the layout of minors 0 to 4 is frozen: it matches test/abi/golden_layout.txt line for line,
 //    each field's declared type and each slot's signature included.
 //
 // Environment (set by test/meson.build): NXMEM_C_COMPILER, NXMEM_INCLUDE_DIR, NXMEM_GOLDEN_LAYOUT,
@@ -44,10 +44,10 @@ namespace {
 
 // The newest minor the golden file freezes. Raise it only together with appending that minor's
 // lines to golden_layout.txt (scripts/abi-baseline does the appending).
-constexpr std::uint32_t frozen_through_minor = 3;
+constexpr std::uint32_t frozen_through_minor = 4;
 
 const char* const abi_is_frozen =
-    "The nxmem C ABI (major 1, minors 0 to 3) is FROZEN: plugins already compiled against it "
+    "The nxmem C ABI (major 1, minors 0 to 4) is FROZEN: plugins already compiled against it "
     "depend on every struct size, offset, field size and type, minor, slot name and slot "
     "signature in "
     "test/abi/golden_layout.txt. Do not move, resize, rename or remove anything; add new fields "
@@ -463,7 +463,7 @@ std::string field_line(const table_struct& s, const table_field& f) {
 }
 
 const char* const golden_preamble =
-    "# nxmem C ABI, major 1: the FROZEN layout of minors 0 to 3.\n"
+    "# nxmem C ABI, major 1: the FROZEN layout of minors 0 to 4.\n"
     "#\n"
     "# This file is the ABI freeze. Plugins already compiled against nxmem_memory_abi.h depend on\n"
     "# every line below; test/abi/header_contract_test.cpp fails if any of them changes. Never\n"
@@ -665,7 +665,7 @@ TEST_CASE("the C example compiles against only the header", "[abi][header][c]") 
     require_compiles(compile_c(require_env("NXMEM_C_EXAMPLE"), "header_contract_c_example"));
 }
 
-TEST_CASE("the frozen layout of minors 0 to 3 has not changed", "[abi][header][golden]") {
+TEST_CASE("the frozen layout of minors 0 to 4 has not changed", "[abi][header][golden]") {
     const std::string golden_path = require_env("NXMEM_GOLDEN_LAYOUT");
     const std::vector<table_struct> table = describe_contract(read_header_file());
     const std::vector<std::string> current_lines = dump_layout(table, frozen_through_minor);

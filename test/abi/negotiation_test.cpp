@@ -53,10 +53,10 @@ std::optional<std::uint32_t> highest_common_minor(const version_range& a, const 
 
 } // namespace
 
-TEST_CASE("this header speaks major 1, minors 0 to 3", "[negotiation]") {
+TEST_CASE("this header speaks major 1, minors 0 to 4", "[negotiation]") {
     STATIC_REQUIRE(nxmem::abi::supported_range.major == 1);
     STATIC_REQUIRE(nxmem::abi::supported_range.min_minor == 0);
-    STATIC_REQUIRE(nxmem::abi::supported_range.max_minor == 3);
+    STATIC_REQUIRE(nxmem::abi::supported_range.max_minor == 4);
     STATIC_REQUIRE(nxmem::abi::supported_range == version_range{NXMEM_ABI_MAJOR,
                                                                 NXMEM_ABI_MINOR_BASELINE,
                                                                 NXMEM_ABI_MINOR});
@@ -87,7 +87,7 @@ TEST_CASE("overlapping ranges agree on the highest common minor", "[negotiation]
 TEST_CASE("identical ranges agree on their maximum", "[negotiation]") {
     const auto chosen = choose_version(nxmem::abi::supported_range, nxmem::abi::supported_range);
     REQUIRE(chosen.has_value());
-    CHECK(chosen.value() == negotiated_version{1, 3});
+    CHECK(chosen.value() == negotiated_version{1, 4});
 
     const auto single = choose_version({1, 0, 0}, {1, 0, 0});
     REQUIRE(single.has_value());
@@ -135,7 +135,7 @@ TEST_CASE("different majors never talk", "[negotiation]") {
 TEST_CASE("a newer plugin is clamped to the host's maximum", "[negotiation]") {
     const auto chosen = choose_version(nxmem::abi::supported_range, {1, 0, 5});
     REQUIRE(chosen.has_value());
-    CHECK(chosen.value() == negotiated_version{1, 3});
+    CHECK(chosen.value() == negotiated_version{1, 4});
 }
 
 TEST_CASE("a newer host is clamped to the plugin's maximum", "[negotiation]") {

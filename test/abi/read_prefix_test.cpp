@@ -245,13 +245,20 @@ template <class T> void check_level_matrix(const T& full_source) {
 } // namespace
 
 TEST_CASE("the layout facts the read_prefix tests rely on hold", "[read_prefix]") {
-    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 136);
+    STATIC_REQUIRE(sizeof(NxmemAllocatorVtable) == 152);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(0) == 112);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(1) == 120);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(2) == 128);
     STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(3) == 136);
-    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 136);
-    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 3);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(4) == 152);
+    STATIC_REQUIRE(bytes_required<NxmemAllocatorVtable>(u32_max) == 152);
+    STATIC_REQUIRE(known_minor<NxmemAllocatorVtable>() == 4);
+    STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, fenced_release) == 136);
+    STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, copy) == 144);
+    STATIC_REQUIRE(sizeof(NxmemFencedReleaseVtable) == 32);
+    STATIC_REQUIRE(sizeof(NxmemCopyVtable) == 32);
+    STATIC_REQUIRE(nxmem::abi::introduced_minor<NxmemFencedReleaseVtable>() == 4);
+    STATIC_REQUIRE(nxmem::abi::introduced_minor<NxmemCopyVtable>() == 4);
     STATIC_REQUIRE(offsetof(NxmemAllocatorVtable, ipc) == 128);
     STATIC_REQUIRE(sizeof(NxmemIpcVtable) == 40);
     STATIC_REQUIRE(bytes_required<NxmemIpcVtable>(3) == 40);
@@ -393,7 +400,7 @@ TEST_CASE("release_allocation is cleared at level 0 and kept at level 1", "[read
 TEST_CASE("a minor newer than this header is accepted and clamped when its size covers what is known",
           "[read_prefix][level]") {
     for (const std::uint32_t declared : {NXMEM_ABI_MINOR + 1, 7u, u32_max}) {
-        for (const std::uint32_t struct_size : {136u, 137u, 144u, 256u, 4096u}) {
+        for (const std::uint32_t struct_size : {152u, 153u, 160u, 256u, 4096u}) {
             CAPTURE(declared, struct_size);
             byte_buffer buffer(struct_size, 0xCD); // a newer plugin's unknown trailing slots
             place(buffer.data(), buffer.size(), full_allocator(declared), struct_size);
@@ -408,7 +415,7 @@ TEST_CASE("a minor newer than this header is accepted and clamped when its size 
         // A newer minor is a strict superset: it cannot be shorter than the newest known level.
         CAPTURE(declared);
         NxmemAllocatorVtable short_source = full_allocator(declared);
-        short_source.struct_size = 128; // covers minor 2, not minor 3
+        short_source.struct_size = 144; // covers minor 3, not minor 4
         const auto refused = read_prefix<NxmemAllocatorVtable>(&short_source, NXMEM_ABI_MINOR);
         REQUIRE(refused.has_error());
         CHECK(refused.error().code == status_code::contract_violation);
@@ -545,6 +552,8 @@ const NxmemAllocatorVtable read_only_allocator = {
     .release_allocation = stub_release_allocation,
     .query_usage = nullptr,
     .ipc = nullptr,
+    .fenced_release = nullptr,
+    .copy = nullptr,
 };
 } // namespace
 

@@ -64,7 +64,7 @@ TEST_CASE("make_struct sets struct_size to this header's size and zeroes the res
     STATIC_REQUIRE(make_struct<NxmemAllocRequest>().struct_size == sizeof(NxmemAllocRequest));
     STATIC_REQUIRE(make_struct<NxmemAllocRequest>().size == 0);
     STATIC_REQUIRE(make_struct<NxmemStatus>().struct_size == 264);
-    STATIC_REQUIRE(make_struct<NxmemAllocatorVtable>().struct_size == 136);
+    STATIC_REQUIRE(make_struct<NxmemAllocatorVtable>().struct_size == 152);
     STATIC_REQUIRE(make_struct<NxmemAllocatorVtable>().abi_minor == 0);
     STATIC_REQUIRE(make_struct<NxmemOpenRequest>().options == nullptr);
 

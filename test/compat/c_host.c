@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +40,11 @@ static size_t factory_level_end(uint32_t level) {
 }
 
 static size_t allocator_level_end(uint32_t level) {
+#if NXMEM_ABI_MINOR >= 4
+    if (level >= 4) {
+        return FIELD_END(NxmemAllocatorVtable, copy);
+    }
+#endif
 #if NXMEM_ABI_MINOR >= 3
     if (level >= 3) {
         return FIELD_END(NxmemAllocatorVtable, ipc);
@@ -242,6 +248,12 @@ static NxmemAllocatorVtable read_allocator(const void *untrusted, uint32_t negot
         copy.ipc = NULL;
     }
 #endif
+#if NXMEM_ABI_MINOR >= 4
+    if (effective < 4) {
+        copy.fenced_release = NULL;
+        copy.copy = NULL;
+    }
+#endif
     if (copy.allocate == NULL || copy.deallocate == NULL || copy.retain == NULL ||
         copy.release == NULL) {
         fail("allocator table lacks a required slot");
@@ -262,6 +274,18 @@ static NxmemAllocatorVtable read_allocator(const void *untrusted, uint32_t negot
 #if NXMEM_ABI_MINOR >= 3
     if (((copy.capabilities & NXMEM_CAP_IPC) != 0) != (copy.ipc != NULL)) {
         fail("NXMEM_CAP_IPC and the ipc table disagree");
+    }
+#endif
+#if NXMEM_ABI_MINOR >= 4
+    if (((copy.capabilities & NXMEM_CAP_FENCED_RELEASE) != 0) != (copy.fenced_release != NULL)) {
+        fail("NXMEM_CAP_FENCED_RELEASE and the fenced_release table disagree");
+    }
+    if ((copy.capabilities & NXMEM_CAP_FENCED_RELEASE) != 0 &&
+        (copy.capabilities & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
+        fail("NXMEM_CAP_FENCED_RELEASE is set without NXMEM_CAP_DEFERRED_RELEASE");
+    }
+    if (((copy.capabilities & NXMEM_CAP_COPY) != 0) != (copy.copy != NULL)) {
+        fail("NXMEM_CAP_COPY and the copy table disagree");
     }
 #endif
     return copy;
@@ -450,6 +474,140 @@ static void exercise_ipc(const NxmemAllocatorVtable *table, NxmemAllocatorVtable
 }
 #endif
 
+#if NXMEM_ABI_MINOR >= 4
+static size_t fenced_release_level_end(uint32_t level) {
+    (void)level;
+    return FIELD_END(NxmemFencedReleaseVtable, fence_kinds);
+}
+
+static size_t copy_level_end(uint32_t level) {
+    (void)level;
+    return FIELD_END(NxmemCopyVtable, stream_kinds);
+}
+
+static void copy_once(const NxmemCopyVtable *copier, NxmemAllocatorVtable *self,
+                      const NxmemAllocation *allocation, NxmemCopyDirection direction,
+                      uint64_t offset, void *buffer, uint64_t length) {
+    NxmemCopyRequest request;
+    memset(&request, 0, sizeof request);
+    request.struct_size = sizeof request;
+    request.direction = direction;
+    request.target = NXMEM_COPY_ALLOCATION;
+    request.allocation = *allocation;
+    request.offset = offset;
+    request.length = length;
+    request.host_buffer = buffer;
+    NxmemStatus status = fresh_status();
+    expect_ok(copier->copy(self, &request, &status), &status, "copy");
+}
+
+/* Minor 4: a synchronous copy into the allocation and back out (a virtual-backing allocation's
+ * first page committed for it, and decommitted after). */
+static void exercise_copy(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self,
+                          uint32_t negotiated, const NxmemAllocation *allocation) {
+    NxmemCopyVtable copier;
+    read_table(table->copy, NXMEM_TYPE_TAG_COPY, copy_level_end, negotiated, &copier, sizeof copier,
+               "copy");
+    if (copier.copy == NULL) {
+        fail("copy table lacks its slot");
+    }
+    NxmemVirtualBackingVtable backing;
+    memset(&backing, 0, sizeof backing);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (table->virtual_backing != NULL) {
+        backing = read_virtual_backing(table->virtual_backing, negotiated);
+        change_range(backing.commit, self, allocation, page, "commit");
+    }
+    unsigned char in[64];
+    unsigned char out[64];
+    for (size_t at = 0; at < sizeof in; ++at) {
+        in[at] = (unsigned char)(at * 7u + 3u);
+    }
+    memset(out, 0, sizeof out);
+    copy_once(&copier, self, allocation, NXMEM_COPY_FROM_HOST, 100, in, sizeof in);
+    copy_once(&copier, self, allocation, NXMEM_COPY_TO_HOST, 100, out, sizeof out);
+    if (memcmp(in, out, sizeof in) != 0) {
+        fail("the bytes copied out of the allocation are not those copied in");
+    }
+    if (table->virtual_backing != NULL) {
+        change_range(backing.decommit, self, allocation, page, "decommit");
+    }
+    printf("c host (minor 4): copied %zu bytes into an allocation and back\n", sizeof in);
+}
+
+/* What release_completed reported (this host offers it from minor 4 on). */
+static uint64_t completed_tickets[8];
+static unsigned completed_count = 0;
+
+static void on_release_completed(void *host_context, const NxmemReleaseCompletion *completion) {
+    (void)host_context;
+    if (completion != NULL && completed_count < 8) {
+        completed_tickets[completed_count++] = completion->ticket;
+    }
+}
+
+static uint64_t drain(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self) {
+    uint64_t retired = UINT64_MAX;
+    NxmemStatus status = fresh_status();
+    expect_ok(table->drain_releases(self, &retired, &status), &status, "drain_releases");
+    return retired;
+}
+
+/* Minor 4: a release fenced on a host timeline counter does not retire while the counter is
+ * below the fence's value, and retires at the first drain after it reaches it. */
+static void exercise_fenced_release(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self,
+                                    uint32_t negotiated, NxmemAllocRequest request) {
+    NxmemFencedReleaseVtable fenced;
+    read_table(table->fenced_release, NXMEM_TYPE_TAG_FENCED_RELEASE, fenced_release_level_end,
+               negotiated, &fenced, sizeof fenced, "fenced release");
+    if (fenced.enqueue_fenced_release == NULL || table->drain_releases == NULL) {
+        fail("fenced release without its slot or drain_releases");
+    }
+    if ((fenced.fence_kinds & (1ull << NXMEM_FENCE_HOST_TIMELINE)) == 0) {
+        return; /* waits on device work only: nothing this host can signal */
+    }
+    request.allocation_id = next_allocation_id++;
+    NxmemAllocResult result;
+    memset(&result, 0, sizeof result);
+    result.struct_size = sizeof result;
+    NxmemStatus status = fresh_status();
+    expect_ok(table->allocate(self, &request, &result, &status), &status, "allocate");
+    const NxmemAllocation allocation = describe(table, &request, &result);
+
+    static _Alignas(8) _Atomic uint64_t counter = 0;
+    atomic_store(&counter, 0);
+    NxmemFence fence;
+    memset(&fence, 0, sizeof fence);
+    fence.struct_size = sizeof fence;
+    fence.kind = NXMEM_FENCE_HOST_TIMELINE;
+    fence.device = request.device;
+    fence.handle = (uint64_t)(uintptr_t)&counter;
+    fence.value = 2;
+    NxmemFencedReleaseRequest release;
+    memset(&release, 0, sizeof release);
+    release.struct_size = sizeof release;
+    release.fence_count = 1;
+    release.allocation = allocation;
+    release.ticket = 4242;
+    release.fences = &fence;
+    release.fence_stride = sizeof fence;
+    completed_count = 0;
+    status = fresh_status();
+    expect_ok(fenced.enqueue_fenced_release(self, &release, &status), &status,
+              "enqueue_fenced_release");
+    atomic_store(&counter, 1);
+    if (drain(table, self) != 0 || completed_count != 0) {
+        fail("a release fenced on a counter at 1 of 2 retired");
+    }
+    atomic_store(&counter, 2);
+    if (drain(table, self) != 1 || completed_count != 1 || completed_tickets[0] != 4242) {
+        fail("a release whose fence completed did not retire at the next drain (%u completions)",
+             completed_count);
+    }
+    printf("c host (minor 4): a release fenced on a host timeline retired only once it was reached\n");
+}
+#endif
+
 static void release_allocation(const NxmemAllocatorVtable *table, NxmemAllocatorVtable *self,
                                const NxmemAllocation *allocation) {
     NxmemStatus status = fresh_status();
@@ -477,6 +635,16 @@ static void drive_mechanism(NxmemAllocatorFactoryVtable *factory_original,
     open.device.struct_size = sizeof open.device;
     open.device.device_type = NXMEM_DEVICE_CPU;
     open.device.index = 0;
+#if NXMEM_ABI_MINOR >= 4
+    /* From minor 4 on this host offers release_completed, so queued releases can be driven. */
+    static NxmemHostCallbacks callbacks;
+    memset(&callbacks, 0, sizeof callbacks);
+    callbacks.struct_size = sizeof callbacks;
+    callbacks.abi_minor = NXMEM_ABI_MINOR;
+    callbacks.type_tag = NXMEM_TYPE_TAG_HOST_CALLBACKS;
+    callbacks.release_completed = on_release_completed;
+    open.callbacks = &callbacks;
+#endif
     NxmemAllocatorVtable *self = NULL;
     NxmemStatus status = fresh_status();
     expect_ok(factory->open_allocator(factory_original, &open, &self, &status), &status,
@@ -528,6 +696,14 @@ static void drive_mechanism(NxmemAllocatorFactoryVtable *factory_original,
 #if NXMEM_ABI_MINOR >= 3
     if (table.ipc != NULL) {
         exercise_ipc(&table, self, negotiated);
+    }
+#endif
+#if NXMEM_ABI_MINOR >= 4
+    if (table.copy != NULL) {
+        exercise_copy(&table, self, negotiated, &allocation);
+    }
+    if (table.fenced_release != NULL) {
+        exercise_fenced_release(&table, self, negotiated, request);
     }
 #endif
     release_allocation(&table, self, &allocation);

@@ -7,6 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <span>
+#include <vector>
 #include <string>
 
 using namespace nxmem;
@@ -409,4 +413,68 @@ TEST_CASE("the C example plugin is driven through the same adapter", "[c-example
     }
     REQUIRE(module->try_unload());
     CHECK_FALSE(test::is_mapped(test::minimal_c_plugin_path()));
+}
+
+TEST_CASE("release_after keeps an allocation the mechanism cannot fence, and releases it at the "
+          "first drain after its fences complete",
+          "[allocator][streams]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        REQUIRE(eager.fence_kinds() == 0); // the test plugin's eager waits on nothing itself
+        const device_id device = eager.device();
+        std::atomic<std::uint64_t> copy_done{0};
+        std::atomic<std::uint64_t> kernel_done{0};
+        const allocation<cpu_device> first = value_or_fail(eager.allocate(4096, 64));
+        const allocation<cpu_device> second = value_or_fail(eager.allocate(4096, 64));
+        bool device_work_done = false;
+        const host::fence device_event{NXMEM_FENCE_CUDA_EVENT, device, 0x1234, 0};
+        const std::array first_fences{host::fence::host_timeline(copy_done, 1, device),
+                                      host::fence::host_timeline(kernel_done, 3, device)};
+        const std::uint64_t first_ticket = value_or_fail(eager.release_after(first, first_fences));
+        const std::array second_fences{device_event};
+        const std::uint64_t second_ticket = value_or_fail(eager.release_after(
+            second, second_fences, [&](const host::fence& asked) {
+                CHECK(asked.handle == 0x1234);
+                return device_work_done;
+            }));
+
+        // Handed over: the engine's own release is refused; both still count as held.
+        CHECK(eager.release(first).error().code == status_code::unknown_allocation);
+        CHECK(value_or_fail(module->readiness()).host.queued_releases == 2);
+        CHECK(value_or_fail(eager.drain_releases()).empty());
+        copy_done.store(1);
+        CHECK(value_or_fail(eager.drain_releases()).empty()); // one of its two fences is pending
+        device_work_done = true;
+        CHECK(value_or_fail(eager.drain_releases()).empty()); // the second waits behind the first
+        kernel_done.store(3);
+        const std::vector<host::release_completion> retired = value_or_fail(eager.drain_releases());
+        REQUIRE(retired.size() == 2);
+        CHECK(retired[0].ticket == first_ticket);
+        CHECK(retired[0].allocation_id == first.allocation_id);
+        CHECK(retired[1].ticket == second_ticket);
+        CHECK(value_or_fail(module->readiness()).host.queued_releases == 0);
+    }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("release_after refuses what no side can wait on, and malformed fences, keeping the "
+          "allocation live",
+          "[allocator][streams]") {
+    auto module = load_or_fail(test::testplugin_path());
+    {
+        auto eager = open_or_fail<cpu_device>(module, "eager");
+        const allocation<cpu_device> live = value_or_fail(eager.allocate(64, 64));
+        std::atomic<std::uint64_t> counter{0};
+        const host::fence stream{NXMEM_FENCE_CUDA_STREAM, eager.device(), 0, 0};
+        const host::fence elsewhere = host::fence::host_timeline(counter, 1, device_id{NXMEM_DEVICE_CPU, 3});
+        CHECK(eager.release_after(live, std::array{stream}).error().code ==
+              status_code::unsupported_capability);
+        CHECK(eager.release_after(live, std::array{elsewhere}).error().code == status_code::wrong_device);
+        CHECK(eager.release_after(live, std::span<const host::fence>{}).error().code ==
+              status_code::invalid_argument);
+        CHECK(value_or_fail(module->readiness()).host.queued_releases == 0);
+        CHECK(eager.release(live)); // still live
+    }
+    REQUIRE(module->try_unload());
 }

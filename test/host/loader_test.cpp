@@ -79,8 +79,8 @@ TEST_CASE("a host range with no minor in common is refused", "[negotiation]") {
 
 TEST_CASE("negotiation fixes the highest common minor as the ceiling", "[negotiation]") {
     auto current = load_or_fail(test::testplugin_path());
-    CHECK(current->version() == nxmem::abi::negotiated_version{1, 3});
-    CHECK(current->plugin_range() == nxmem::abi::version_range{1, 0, 3});
+    CHECK(current->version() == nxmem::abi::negotiated_version{1, 4});
+    CHECK(current->plugin_range() == nxmem::abi::version_range{1, 0, 4});
     REQUIRE(current->try_unload());
 
     host::load_options older;

@@ -145,7 +145,7 @@ TEST_CASE("capability flags must agree with their slots and tables", "[table-che
 TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
     SECTION("a table declaring a newer minor than the reader knows loses the bits it does not know") {
         NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR + 1);
-        const std::uint64_t next_minor_flag = 1ull << 7; // what the next minor might add
+        const std::uint64_t next_minor_flag = 1ull << 9; // what the next minor might add
         table.capabilities = NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_HOST_RECLAIM | next_minor_flag;
         table.query_usage = &stub_query_usage;
         auto copy = copy_of(table, NXMEM_ABI_MINOR);
@@ -156,12 +156,12 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
     }
     SECTION("the same bit in a table declaring a minor the reader knows is refused") {
         NxmemAllocatorVtable table = minimal_table(NXMEM_ABI_MINOR);
-        table.capabilities = 1ull << 7;
+        table.capabilities = 1ull << 9;
         auto copy = copy_of(table, NXMEM_ABI_MINOR);
         auto refused = checks::check_capabilities(copy);
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code == status_code::contract_violation);
-        CHECK_THAT(refused.error().message, Catch::Contains("unknown capability bits 0x80"));
+        CHECK_THAT(refused.error().message, Catch::Contains("unknown capability bits 0x200"));
     }
     SECTION("every minor's flags, read at every lower ceiling, keep only the flags of that ceiling") {
         for (std::uint32_t minor = 0; minor <= NXMEM_ABI_MINOR; ++minor) {
@@ -169,7 +169,8 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
                 NxmemAllocatorVtable table = minimal_table(minor);
                 table.capabilities = NXMEM_CAPS_AT_MINOR(minor) &
                                      ~(NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
-                                       NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_IPC); // tables not stubbed
+                                       NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_IPC |
+                                       NXMEM_CAP_FENCED_RELEASE | NXMEM_CAP_COPY); // tables not stubbed
                 table.release_allocation = minor >= 1 ? &stub_release_allocation : nullptr;
                 table.query_usage = minor >= 2 ? &stub_query_usage : nullptr;
                 auto copy = copy_of(table, ceiling);
@@ -191,9 +192,54 @@ TEST_CASE("capability flags are versioned like slots", "[table-checks]") {
         STATIC_REQUIRE(NXMEM_CAP_ALL_V1_2 == 0x3F);
         STATIC_REQUIRE(NXMEM_CAP_IPC == 0x40);
         STATIC_REQUIRE(NXMEM_CAP_ALL_V1_3 == 0x7F);
-        STATIC_REQUIRE(NXMEM_CAP_ALL_V1 == NXMEM_CAP_ALL_V1_3);
+        STATIC_REQUIRE(NXMEM_CAP_FENCED_RELEASE == 0x80);
+        STATIC_REQUIRE(NXMEM_CAP_COPY == 0x100);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1_4 == 0x1FF);
+        STATIC_REQUIRE(NXMEM_CAP_ALL_V1 == NXMEM_CAP_ALL_V1_4);
         STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0);
         STATIC_REQUIRE(NXMEM_CAPS_AT_MINOR(9u) == NXMEM_CAP_ALL_V1);
+    }
+}
+
+TEST_CASE("a fenced release needs deferred release, and minor-4 tables name known fence kinds",
+          "[table-checks][streams]") {
+    SECTION("NXMEM_CAP_FENCED_RELEASE without NXMEM_CAP_DEFERRED_RELEASE is refused (F2)") {
+        static const NxmemFencedReleaseVtable fenced = [] {
+            auto table = nxabi::make_struct<NxmemFencedReleaseVtable>();
+            table.abi_minor = 4;
+            table.type_tag = NXMEM_TYPE_TAG_FENCED_RELEASE;
+            return table;
+        }();
+        NxmemAllocatorVtable table = minimal_table(4);
+        table.capabilities = NXMEM_CAP_FENCED_RELEASE;
+        table.fenced_release = &fenced;
+        auto copy = copy_of(table, 4);
+        auto refused = checks::check_capabilities(copy);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == status_code::contract_violation);
+        CHECK_THAT(refused.error().message, Catch::Contains("without NXMEM_CAP_DEFERRED_RELEASE"));
+    }
+    SECTION("kind bits (F6): unknown ones refused at a known minor, cleared from a newer one") {
+        auto fenced = nxabi::make_struct<NxmemFencedReleaseVtable>();
+        fenced.type_tag = NXMEM_TYPE_TAG_FENCED_RELEASE;
+        fenced.enqueue_fenced_release = [](NxmemAllocatorVtable*, const NxmemFencedReleaseRequest*,
+                                           NxmemStatus*) -> NxmemStatusCode { return 0; };
+        const auto kinds = [&](std::uint32_t declared, std::uint64_t bits, bool zero_allowed) {
+            fenced.abi_minor = declared;
+            fenced.fence_kinds = bits;
+            auto copy = nxabi::read_prefix<NxmemFencedReleaseVtable>(&fenced, NXMEM_ABI_MINOR);
+            REQUIRE(copy);
+            return checks::checked_kinds(copy.value(), bits, "fence_kinds", zero_allowed);
+        };
+        const std::uint64_t timeline = 1ull << NXMEM_FENCE_HOST_TIMELINE;
+        const std::uint64_t next_kind = 1ull << 4;
+        CHECK(kinds(4, timeline, false).value() == timeline);
+        CHECK(kinds(4, timeline | next_kind, false).error().code == status_code::contract_violation);
+        CHECK(kinds(4, next_kind, false).error().code == status_code::contract_violation);
+        CHECK(kinds(4, 0, false).error().code == status_code::contract_violation);
+        CHECK(kinds(4, 0, true).value() == 0); // stream_kinds 0: synchronous copies only
+        CHECK(kinds(5, timeline | next_kind, false).value() == timeline);
+        CHECK(kinds(5, next_kind, false).value() == 0); // nothing usable: the host keeps its own queue
     }
 }
 
@@ -334,12 +380,15 @@ TEST_CASE("R13: a table declaring, or read at, a minor below the one that introd
           "refused; no accepted table of any kind reads a required slot as NULL",
           "[table-checks][R13]") {
     // Every growable table of the header, found from the layout table (a kind added later is
-    // checked without being listed here): the allocator, factory, virtual-backing, shared-mapping
-    // and ipc tables the host reads, and the host callback table the plugin kit reads.
+    // checked without being listed here): the allocator, factory, virtual-backing, shared-mapping,
+    // ipc, fenced-release and copy tables the host reads, and the host callback table the plugin
+    // kit reads.
     STATIC_REQUIRE(nxabi::introduced_minor<NxmemIpcVtable>() == 3);
+    STATIC_REQUIRE(nxabi::introduced_minor<NxmemFencedReleaseVtable>() == 4);
+    STATIC_REQUIRE(nxabi::introduced_minor<NxmemCopyVtable>() == 4);
     STATIC_REQUIRE(nxabi::introduced_minor<NxmemHostCallbacks>() == 0);
     const std::size_t kinds = check_every_table_kind(static_cast<nxabi::all_structs*>(nullptr));
-    CHECK(kinds == 6);
+    CHECK(kinds == 8);
 }
 
 TEST_CASE("S9: a call finds every slot it uses non-NULL before making it", "[table-checks][S9]") {

@@ -338,7 +338,7 @@ TEST_CASE("IP12: without minor 3, or for a mechanism that cannot share, there is
 
             auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
             CHECK((lazy.capabilities() & NXMEM_CAP_IPC) != 0);
-            CHECK(lazy.declared_minor() == 3);
+            CHECK(lazy.declared_minor() == 4); // minor 4: copies and fenced release
             auto sharing = value_or_fail(lazy.ipc());
             auto sequence = value_or_fail(lazy.allocate(4096, 4096));
             auto refused = sharing.export_allocation(sequence);

@@ -3,6 +3,9 @@
 // that are not page-granular change nothing; populate and huge_pages have their effect.
 #include "posix_support.hpp"
 
+#include <array>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -257,5 +260,84 @@ TEST_CASE("the usage query sums live reservations, committed bytes and prefixes"
         REQUIRE(lazy.release(first));
         CHECK(value_or_fail(lazy.query_usage()) == nxmem::allocator_usage{});
     }
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix copies (minor 4): eager anywhere, lazy only in committed pages, a prefix through "
+          "its file",
+          "[posix][lazy][copy]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        std::vector<std::byte> in(300);
+        for (std::size_t at = 0; at < in.size(); ++at) {
+            in[at] = static_cast<std::byte>(at * 13 + 1);
+        }
+        std::vector<std::byte> out(in.size());
+
+        auto eager = open_or_fail<cpu_device>(module, "posix-eager");
+        REQUIRE((eager.capabilities() & NXMEM_CAP_COPY) != 0);
+        const auto small = value_or_fail(eager.allocate(1000, 64));
+        REQUIRE(eager.copy_from_host(small, 700, in));
+        REQUIRE(eager.copy_to_host(small, 700, out));
+        CHECK(out == in);
+        CHECK(eager.copy_to_host(small, 701, out).error().code == status_code::invalid_argument);
+        REQUIRE(eager.release(small));
+
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        REQUIRE((lazy.capabilities() & NXMEM_CAP_COPY) != 0);
+        auto backing = value_or_fail(lazy.virtual_backing());
+        const auto live = value_or_fail(lazy.allocate(4 * page, page));
+        // Uncommitted: refused before anything is touched (the pages stay reserved, PROT_NONE).
+        CHECK(lazy.copy_from_host(live, page - 100, in).error().code == status_code::invalid_argument);
+        REQUIRE(backing.commit(live, {0, page}));
+        CHECK(lazy.copy_from_host(live, page - 100, in).error().code == status_code::invalid_argument);
+        REQUIRE(backing.commit(live, {page, page}));
+        REQUIRE(lazy.copy_from_host(live, page - 100, in));
+        REQUIRE(lazy.copy_to_host(live, page - 100, out));
+        CHECK(out == in);
+        CHECK(std::memcmp(reinterpret_cast<const std::byte*>(live.address) + page - 100, in.data(),
+                          in.size()) == 0);
+
+        auto mapping = value_or_fail(lazy.shared_mapping());
+        const host::shared_prefix prefix = value_or_fail(mapping.create_prefix(2 * page));
+        REQUIRE(lazy.copy_from_host(prefix, page + 5, in));
+        std::vector<std::byte> back(in.size());
+        REQUIRE(lazy.copy_to_host(prefix, page + 5, back));
+        CHECK(back == in);
+        CHECK(lazy.copy_to_host(prefix, 2 * page - 10, back).error().code == status_code::invalid_argument);
+        REQUIRE(mapping.release_prefix(prefix));
+        REQUIRE(lazy.release(live));
+    }
+    CHECK(value_or_fail(module->readiness()).ready());
+    REQUIRE(module->try_unload());
+}
+
+TEST_CASE("posix-lazy waits on host timelines: a fenced release retires after its counter reaches "
+          "the value, in enqueue order",
+          "[posix][lazy][fenced-release]") {
+    const std::uint64_t page = page_size();
+    auto module = load_or_fail(test::posix_plugin_path());
+    {
+        auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");
+        REQUIRE((lazy.capabilities() & NXMEM_CAP_FENCED_RELEASE) != 0);
+        CHECK(lazy.fence_kinds() == (1u << NXMEM_FENCE_HOST_TIMELINE));
+        std::atomic<std::uint64_t> done{0};
+        const auto fenced = value_or_fail(lazy.allocate(2 * page, page));
+        const auto plain = value_or_fail(lazy.allocate(2 * page, page));
+        const std::array fences{host::fence::host_timeline(done, 2, lazy.device())};
+        const std::uint64_t first = value_or_fail(lazy.release_after(fenced, fences));
+        const std::uint64_t second = value_or_fail(lazy.enqueue_release(plain));
+        CHECK(value_or_fail(module->readiness()).plugin.queued_releases == 2); // the plugin holds it
+        done.store(1);
+        CHECK(value_or_fail(lazy.drain_releases()).empty());
+        CHECK_FALSE(value_or_fail(module->readiness()).ready());
+        done.store(2);
+        const auto retired = value_or_fail(lazy.drain_releases());
+        REQUIRE(retired.size() == 2);
+        CHECK(retired[0].ticket == first);
+        CHECK(retired[1].ticket == second);
+    }
+    CHECK(value_or_fail(module->readiness()).ready());
     REQUIRE(module->try_unload());
 }

@@ -1,7 +1,7 @@
 // Reading fences and copy requests (minor 4): the form of an NxmemFencedReleaseRequest's fence
 // array and of one fence, checked before anything in them is believed, and the one kind of fence
 // any side can test itself, a host timeline. Whether a mechanism waits on a kind, and on which
-// device, is the receiver's check (docs/ABI.md F1-F5, CP1-CP4).
+// device, is the receiver's check (docs/ABI.md F1, F3, F6, CP1, CP3).
 #pragma once
 
 #include <nxmem/abi/request.hpp>

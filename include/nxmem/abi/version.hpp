@@ -34,7 +34,7 @@ struct version_range {
     }
 };
 
-// Everything this header speaks: major 1, minors 0 to 3.
+// Everything this header speaks: major 1, minors 0 to 4.
 inline constexpr version_range supported_range{};
 
 // The agreed version: a major and the highest minor any table may use.

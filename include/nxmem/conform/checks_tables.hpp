@@ -172,6 +172,25 @@ public:
         return raw_table<T>::read(pointer);
     }
 
+    // The first problem `problem_of` (called with each raw_table<T> present) finds among the
+    // capability tables the allocator points to, in the table's order; empty when none.
+    template <class ProblemOf> std::string capability_table_problem(ProblemOf&& problem_of) const {
+        std::string problem;
+        const auto visit = [&]<class T>(std::string_view field_name) {
+            if (problem.empty()) {
+                if (auto table = capability_table<T>(field_name)) {
+                    problem = problem_of(*table);
+                }
+            }
+        };
+        visit.template operator()<NxmemVirtualBackingVtable>("virtual_backing");
+        visit.template operator()<NxmemSharedMappingVtable>("shared_mapping");
+        visit.template operator()<NxmemIpcVtable>("ipc");
+        visit.template operator()<NxmemFencedReleaseVtable>("fenced_release");
+        visit.template operator()<NxmemCopyVtable>("copy");
+        return problem;
+    }
+
 private:
     explicit raw_allocator(raw_library library) : library_(std::move(library)) {}
 
@@ -209,19 +228,8 @@ struct check_tables_type_tags {
             problem = detail::tag_problem(opened->allocator);
         }
         if (problem.empty()) {
-            if (auto vb = opened->capability_table<NxmemVirtualBackingVtable>("virtual_backing")) {
-                problem = detail::tag_problem(*vb);
-            }
-        }
-        if (problem.empty()) {
-            if (auto sm = opened->capability_table<NxmemSharedMappingVtable>("shared_mapping")) {
-                problem = detail::tag_problem(*sm);
-            }
-        }
-        if (problem.empty()) {
-            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
-                problem = detail::tag_problem(*ipc);
-            }
+            problem = opened->capability_table_problem(
+                [](const auto& table) { return detail::tag_problem(table); });
         }
         if (!problem.empty()) {
             return failed("each table carries its own type tag at offset 8", problem);
@@ -239,19 +247,7 @@ struct check_tables_struct_size {
             problem = opened->allocator.size_problem();
         }
         if (problem.empty()) {
-            if (auto vb = opened->capability_table<NxmemVirtualBackingVtable>("virtual_backing")) {
-                problem = vb->size_problem();
-            }
-        }
-        if (problem.empty()) {
-            if (auto sm = opened->capability_table<NxmemSharedMappingVtable>("shared_mapping")) {
-                problem = sm->size_problem();
-            }
-        }
-        if (problem.empty()) {
-            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
-                problem = ipc->size_problem();
-            }
+            problem = opened->capability_table_problem([](const auto& table) { return table.size_problem(); });
         }
         if (!problem.empty()) {
             return failed("a declared level no lower than the table's introduction, and a struct_size "
@@ -278,6 +274,9 @@ struct check_tables_capabilities {
             return failed(expected, "capability bits 0x" + nxmem::detail::to_hex(stray) +
                                         " are defined by no minor up to the declared one (" +
                                         std::to_string(table.declared_minor) + ")");
+        }
+        if ((flags & NXMEM_CAP_FENCED_RELEASE) != 0 && (flags & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
+            return failed(expected, "NXMEM_CAP_FENCED_RELEASE is set without NXMEM_CAP_DEFERRED_RELEASE (F2)");
         }
         for (const abi::capability_pair& pair : abi::allocator_capabilities) {
             const bool flagged = (flags & pair.flag) != 0;
@@ -337,19 +336,7 @@ struct check_tables_required_slots {
             problem = opened->allocator.missing_slot();
         }
         if (problem.empty()) {
-            if (auto vb = opened->capability_table<NxmemVirtualBackingVtable>("virtual_backing")) {
-                problem = vb->missing_slot();
-            }
-        }
-        if (problem.empty()) {
-            if (auto sm = opened->capability_table<NxmemSharedMappingVtable>("shared_mapping")) {
-                problem = sm->missing_slot();
-            }
-        }
-        if (problem.empty()) {
-            if (auto ipc = opened->capability_table<NxmemIpcVtable>("ipc")) {
-                problem = ipc->missing_slot();
-            }
+            problem = opened->capability_table_problem([](const auto& table) { return table.missing_slot(); });
         }
         if (!problem.empty()) {
             return failed("every required slot non-NULL", problem);

@@ -31,6 +31,7 @@ inline constexpr std::array contract_releases{
     contract_release{2, "2026-12-01"}, // rules added within minor 2 (callbacks, accounting, boundaries)
     contract_release{3, "2026-12-02"}, // minor 3: sharing across processes
     contract_release{3, "2026-12-04"}, // C8 and C8a one rule (every reading conforms); R13, S9, IP15-IP18 (hostile tables and peers)
+    contract_release{4, "2026-12-04"}, // minor 4: stream-ordered release and copies (V13, F1-F7, CP1-CP4)
 };
 
 // One numbered rule of docs/ABI.md: the release it entered, and, when it binds every plugin
@@ -227,6 +228,18 @@ inline constexpr std::array contract_rules{
     rule_revision{"IP16", 3, "2026-12-04", "a peer that adds a seal to an exporter's descriptor stops its decommit from freeing memory, which the exporter would count as freed"},
     rule_revision{"IP17", 3, "2026-12-04", "a forged handle answered OUT_OF_MEMORY makes the engine free memory on a peer's word"},
     rule_revision{"IP18", 3, "2026-12-04", {}},
+    rule_revision{"V13", 4, "2026-12-04", {}},
+    rule_revision{"F1", 4, "2026-12-04", {}},
+    rule_revision{"F2", 4, "2026-12-04", {}},
+    rule_revision{"F3", 4, "2026-12-04", {}},
+    rule_revision{"F4", 4, "2026-12-04", {}},
+    rule_revision{"F5", 4, "2026-12-04", {}},
+    rule_revision{"F6", 4, "2026-12-04", {}},
+    rule_revision{"F7", 4, "2026-12-04", {}},
+    rule_revision{"CP1", 4, "2026-12-04", {}},
+    rule_revision{"CP2", 4, "2026-12-04", {}},
+    rule_revision{"CP3", 4, "2026-12-04", {}},
+    rule_revision{"CP4", 4, "2026-12-04", {}},
     rule_revision{"BC1", 2, "2026-11-30", {}},
     rule_revision{"BC2", 2, "2026-11-30", {}},
     rule_revision{"BC3", 2, "2026-11-30", {}},
@@ -264,7 +277,7 @@ inline constexpr std::array rules_by_check{
     check_rules{"allocation.sizes_alignments", "Q11"},
     check_rules{"allocation.no_overlap", "Q11"},
     check_rules{"accounting.result_mapped", "Q13 Q17 G4"},
-    check_rules{"tables.capabilities", "S3 C2 C3 C6 IP12"},
+    check_rules{"tables.capabilities", "S3 C2 C3 C6 IP12 F2"},
     check_rules{"allocation.basic", "S7 E6"},
     check_rules{"callbacks.retain_release", "S8 E7 O3"},
     check_rules{"capability.host_reclaim", "C5 H2 H3"},

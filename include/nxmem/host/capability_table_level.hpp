@@ -7,7 +7,7 @@
 namespace nxmem::host {
 
 struct capability_table_level {
-    std::string_view name; // "virtual-backing" or "shared-mapping"
+    std::string_view name; // "virtual-backing", "shared-mapping", "ipc", "fenced-release", "copy"
     std::uint32_t declared_minor = 0;
     std::uint32_t effective_minor = 0;
 };

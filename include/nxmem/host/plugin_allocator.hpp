@@ -4,9 +4,12 @@
 
 #include <nxmem/concepts/device_allocator.hpp>
 #include <nxmem/host/detail/allocator_core.hpp>
+#include <nxmem/host/fence.hpp>
 #include <nxmem/host/registration_lease.hpp>
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,17 @@ template <Device D> NxmemAllocation to_wire(const allocation<D>& live) {
                            .address = D::to_wire(live.address),
                            .size = live.size,
                            .alignment = live.alignment};
+}
+// A synchronous copy request (minor 4) for `length` bytes at `offset` and `host_memory`.
+inline NxmemCopyRequest copy_request(NxmemCopyDirection direction, std::uint64_t offset,
+                                     const void* host_memory, std::size_t length) {
+    auto request = abi::make_struct<NxmemCopyRequest>();
+    request.direction = direction;
+    request.offset = offset;
+    request.length = length;
+    // The ABI has one pointer for both directions; a FROM_HOST copy only reads through it (CP1).
+    request.host_buffer = const_cast<void*>(host_memory);
+    return request;
 }
 template <Device D> allocation<D> from_wire(const NxmemAllocation& described) {
     return allocation<D>{D::from_wire(described.address), described.size, described.alignment,
@@ -60,6 +74,49 @@ public:
         return core_->enqueue_release(detail::to_wire(live));
     }
     result<std::vector<release_completion>> drain_releases() { return core_->drain_releases(); }
+
+    // Release after device work (minor 4): the allocation is handed over now, under the returned
+    // ticket, and retires at a drain after every fence has completed; until then its memory is
+    // neither reused nor unmapped. The mechanism waits when its fenced_release table lists every
+    // kind among `fences`; otherwise the host keeps the allocation and checks the fences at each
+    // drain itself (host timelines) or through `query` (other kinds; without one such a fence is
+    // UNSUPPORTED_CAPABILITY). 1 to NXMEM_MAX_FENCES fences, all of this allocator's device.
+    result<std::uint64_t> release_after(const allocation<D>& live, std::span<const fence> fences,
+                                        fence_query query = {}) {
+        return core_->release_after(detail::to_wire(live), fences, std::move(query));
+    }
+
+    // Copies (minor 4), synchronous: the bytes have moved when the call returns. The range
+    // [offset, offset + size) must lie within the allocation or prefix (and, for virtual backing,
+    // in committed memory); UNSUPPORTED_CAPABILITY without NXMEM_CAP_COPY.
+    result<void> copy_to_host(const allocation<D>& live, std::uint64_t offset, std::span<std::byte> out) {
+        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_TO_HOST, offset, out.data(), out.size());
+        request.target = NXMEM_COPY_ALLOCATION;
+        request.allocation = detail::to_wire(live);
+        return core_->copy(request);
+    }
+    result<void> copy_from_host(const allocation<D>& live, std::uint64_t offset,
+                                std::span<const std::byte> in) {
+        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_FROM_HOST, offset, in.data(), in.size());
+        request.target = NXMEM_COPY_ALLOCATION;
+        request.allocation = detail::to_wire(live);
+        return core_->copy(request);
+    }
+    result<void> copy_to_host(const shared_prefix& prefix, std::uint64_t offset, std::span<std::byte> out) {
+        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_TO_HOST, offset, out.data(), out.size());
+        request.target = NXMEM_COPY_PREFIX;
+        request.prefix = prefix.to_wire();
+        return core_->copy(request);
+    }
+    result<void> copy_from_host(const shared_prefix& prefix, std::uint64_t offset,
+                                std::span<const std::byte> in) {
+        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_FROM_HOST, offset, in.data(), in.size());
+        request.target = NXMEM_COPY_PREFIX;
+        request.prefix = prefix.to_wire();
+        return core_->copy(request);
+    }
+    // The fence kinds the mechanism waits on itself (bits 1 << kind; 0 without fenced release).
+    std::uint64_t fence_kinds() const noexcept { return core_->fence_kinds(); }
 
     // A lease on a live allocation (what a transfer registration holds, docs/TRANSFER.md): until
     // it ends, release and enqueue_release of the allocation are BUSY and the module's tally

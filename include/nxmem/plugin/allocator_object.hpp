@@ -583,7 +583,7 @@ private:
 
     // ---- copies (minor 4) ----
 
-    // CP1-CP4: the request's form, the target's identity, the range against the size the host
+    // CP1-CP3: the request's form, the target's identity, the range against the size the host
     // describes, the stream's kind and device, liveness, committed memory and write access, all
     // before the mechanism is called: a refused copy touches nothing.
     static NxmemStatusCode slot_copy(NxmemAllocatorVtable* table, const NxmemCopyRequest* raw,
@@ -1346,7 +1346,7 @@ private:
         std::uint64_t sharers = 0;
         bool ever_mapped = false;
         std::uint64_t imported_bytes = 0;
-        bool read_only = false; // imported read-only: no copy into it (CP3)
+        bool read_only = false; // imported read-only: no copy into it (CP2)
     };
     std::unordered_map<std::uint64_t, prefix_state> prefix_references_;
     std::unordered_map<std::uint64_t, import_record> imports_; // by import id, under prefix_mutex_

@@ -9,6 +9,7 @@
 #include <nxmem/device.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -49,7 +50,7 @@ private:
     NxmemFence fence_;
 };
 
-// What a copy does, as the kit hands it to a mechanism after checking it (CP1-CP4): `length`
+// What a copy does, as the kit hands it to a mechanism after checking it (CP1-CP3): `length`
 // bytes at `offset` of the allocation or prefix, to or from `host_buffer`. Without `stream` the
 // copy has completed when the member returns; with it (a kind the mechanism lists in
 // copy_stream_kinds()) it is queued after the work the fence names and the member returns at once.
@@ -60,5 +61,16 @@ struct copy_job {
     void* host_buffer = nullptr;
     std::optional<fence> stream;
 };
+
+// A synchronous copy of `job` for memory this process addresses directly at `address` (the
+// allocation's or prefix's byte `job.offset`): a memcpy either way.
+inline void copy_host_memory(std::uint64_t address, const copy_job& job) noexcept {
+    auto* memory = reinterpret_cast<unsigned char*>(static_cast<std::uintptr_t>(address));
+    if (job.direction == NXMEM_COPY_TO_HOST) {
+        std::memcpy(job.host_buffer, memory, static_cast<std::size_t>(job.length));
+    } else {
+        std::memcpy(memory, job.host_buffer, static_cast<std::size_t>(job.length));
+    }
+}
 
 } // namespace nxmem::plugin

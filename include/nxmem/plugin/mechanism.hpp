@@ -314,11 +314,14 @@ concept copies_prefixes = offers_shared_mapping<M> && requires {
     static_cast<member_function<M, result<void>(std::uint64_t, const copy_job&)>>(&M::copy_prefix);
 };
 // A virtual-backing mechanism that copies allocations says which ranges are committed
-// (`bool range_committed(const allocation_record&, byte_range) const`, a mapped prefix's pages
-// included): the kit refuses a copy over memory that is not before the mechanism is called.
+// (`bool range_committed(const allocation_record&, byte_range)`, may be const; a mapped prefix's
+// pages count as committed): the kit refuses a copy over memory that is not before the mechanism
+// is called. The mechanism's copy checks again under its own lock if a decommit may race it.
 template <class M>
 concept tells_committed_ranges = requires {
     static_cast<member_function<M, bool(const allocation_record&, byte_range) const>>(&M::range_committed);
+} || requires {
+    static_cast<member_function<M, bool(const allocation_record&, byte_range)>>(&M::range_committed);
 };
 template <class M>
 concept offers_copy = (copies_allocations<M> && (!offers_virtual_backing<M> || tells_committed_ranges<M>)) ||
@@ -425,7 +428,7 @@ template <class M> constexpr bool assert_mechanism() {
                       (copies_allocations<M> && (!offers_virtual_backing<M> || tells_committed_ranges<M>)),
                   "copy is declared but is not `result<void> copy(const allocation_record&, const "
                   "copy_job&)`, or the mechanism has virtual backing and no `bool range_committed(const "
-                  "allocation_record&, byte_range) const`");
+                  "allocation_record&, byte_range)` (may be const)");
     static_assert(!requires { &M::copy_prefix; } || copies_prefixes<M>,
                   "copy_prefix is declared but is not `result<void> copy_prefix(std::uint64_t "
                   "prefix_id, const copy_job&)` on a mechanism with shared mapping");

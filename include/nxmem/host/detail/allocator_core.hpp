@@ -4,6 +4,7 @@
 // last: the plugin's code stays mapped until the allocator has been released.
 #pragma once
 
+#include <nxmem/abi/fence.hpp>
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/allocation.hpp>
@@ -15,6 +16,7 @@
 #include <nxmem/host/detail/contain.hpp>
 #include <nxmem/host/detail/live_table.hpp>
 #include <nxmem/host/detail/table_checks.hpp>
+#include <nxmem/host/fence.hpp>
 #include <nxmem/host/module.hpp>
 #include <nxmem/host/reclaim.hpp>
 #include <nxmem/host/shared_prefix.hpp>
@@ -26,6 +28,8 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <deque>
+#include <span>
 #include <type_traits>
 #include <map>
 #include <memory>
@@ -116,7 +120,7 @@ public:
         : module_(std::move(module)), reclaim_(std::move(reclaim)), device_(device),
           wire_device_(device.to_wire()), mechanism_id_(factory.mechanism_id),
           mechanism_name_(factory.name) {
-        tables_.reserve(3); // accept() records the capability tables (at most three) without allocating
+        tables_.reserve(5); // accept() records the capability tables (at most five) without allocating
         module_->tally_.allocators.fetch_add(1);
         callbacks_ = abi::make_struct<NxmemHostCallbacks>();
         callbacks_.abi_minor = abi::known_minor<NxmemHostCallbacks>(); // the slots it fills
@@ -172,7 +176,8 @@ public:
         {
             std::lock_guard lock(deferred_mutex_);
             bytes += pending_.size() * tree_node_bytes<pending_release>() +
-                     completed_.capacity() * sizeof(release_completion);
+                     completed_.capacity() * sizeof(release_completion) +
+                     host_fenced_.size() * sizeof(host_fenced_release);
         }
         std::lock_guard lock(quarantine_mutex_);
         return bytes + quarantined_addresses_.size() * tree_node_bytes<std::uint64_t>();
@@ -286,6 +291,12 @@ private:
                 return lease_refusal(lease_kind::allocation, described.allocation_id);
             }
         }
+        return release_claimed(described, record, at);
+    }
+
+    // Releases an allocation the caller has claimed in live_; on failure it is unclaimed, live.
+    result<release_report> release_claimed(const NxmemAllocation& described, const live_record& record,
+                                           live_table::position at) {
         NxmemStatus status;
         prepare_status(status);
         if (table_.release_allocation == nullptr) {
@@ -358,6 +369,15 @@ private:
         if (table_.enqueue_release == nullptr) {
             return unsupported("deferred release");
         }
+        return enqueue_with(described, [&](std::uint64_t ticket, NxmemStatus& status) {
+            return table_.enqueue_release(raw_, &described, ticket, &status);
+        });
+    }
+
+    // The host's side of handing an allocation over under a new ticket; `call` makes the ABI
+    // call (enqueue_release, or enqueue_fenced_release with the same ticket).
+    template <class Call>
+    result<std::uint64_t> enqueue_with(const NxmemAllocation& described, Call&& call) {
         NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
         const std::uint64_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
         {
@@ -400,7 +420,7 @@ private:
         retiring_.fetch_add(1, std::memory_order_relaxed);
         NxmemStatus status;
         prepare_status(status);
-        const NxmemStatusCode code = table_.enqueue_release(raw_, &described, ticket, &status);
+        const NxmemStatusCode code = call(ticket, status);
         if (code == NXMEM_STATUS_OK) {
             live_.erase_claimed(described.allocation_id);
             return ticket;
@@ -447,9 +467,19 @@ private:
     }
 
     result<std::vector<release_completion>> drain_releases_unguarded() {
+        NXMEM_TRY(host_retired, retire_host_fenced());
         if (table_.drain_releases == nullptr) {
-            return unsupported("deferred release");
+            if (!host_fenced_used_.load(std::memory_order_acquire)) {
+                return unsupported("deferred release");
+            }
+            return host_retired;
         }
+        NXMEM_TRY(completions, drain_plugin_releases());
+        completions.insert(completions.end(), host_retired.begin(), host_retired.end());
+        return completions;
+    }
+
+    result<std::vector<release_completion>> drain_plugin_releases() {
         std::uint64_t retired = 0;
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = table_.drain_releases(raw_, &retired, &status);
@@ -488,6 +518,52 @@ private:
     }
 
 public:
+    // ---- release after fences (minor 4) ----
+
+    // Hands the allocation over under a new ticket, to retire once every fence has completed
+    // (F7): through the mechanism's enqueue_fenced_release when its table waits on every kind
+    // among `fences`; otherwise the host keeps the allocation claimed in its own queue, checks the
+    // fences at each drain (a host timeline itself, any other kind through `query`), and releases
+    // it once they have completed. Either way the ticket is a queued release until it retires:
+    // counted in live_allocations, in the module's queued releases (the unload gate) and pinning
+    // this allocator. UNSUPPORTED_CAPABILITY when a fence is of a kind neither side can wait on.
+    result<std::uint64_t> release_after(const NxmemAllocation& described, std::span<const fence> fences,
+                                        fence_query query) {
+        return contain("release_after", [&]() -> result<std::uint64_t> {
+            return release_after_unguarded(described, fences, std::move(query));
+        });
+    }
+
+    // ---- copies (minor 4) ----
+
+    // Copies between the request's host memory and a range of a live allocation or a prefix,
+    // synchronously; the host checks the table, identity, liveness and the range first (CP4).
+    result<void> copy(NxmemCopyRequest request) {
+        return contain("copy", [&]() -> result<void> {
+            NXMEM_TRY_VOID(require(copy_, "copies", &NxmemCopyVtable::copy));
+            std::uint64_t size = 0;
+            if (request.target == NXMEM_COPY_ALLOCATION) {
+                NXMEM_TRY_VOID(check_identity(request.allocation.mechanism_id, request.allocation.device));
+                NXMEM_TRY(record, live_.find(request.allocation));
+                (void)record;
+                size = request.allocation.size;
+            } else {
+                NXMEM_TRY_VOID(check_identity(request.prefix.mechanism_id, request.prefix.device));
+                size = request.prefix.size;
+            }
+            NXMEM_TRY_VOID(abi::check_copy_form(request, size));
+            NxmemStatus status = abi::make_status();
+            return check(copy_->copy(raw_, &request, &status), status);
+        });
+    }
+
+    bool has_copy() const noexcept { return copy_.has_value(); }
+    bool has_fenced_release() const noexcept { return fenced_release_.has_value(); }
+    // The fence kinds the mechanism waits on (bits 1 << kind; 0 without fenced release).
+    std::uint64_t fence_kinds() const noexcept {
+        return fenced_release_ ? fenced_release_->fence_kinds : 0;
+    }
+
     std::uint64_t pending_releases() const {
         std::lock_guard lock(deferred_mutex_);
         return pending_.size();
@@ -785,6 +861,143 @@ private:
                          (kind == lease_kind::allocation ? "live" : "open")};
     }
 
+    // A release the host keeps until its fences complete (the mechanism cannot wait on them).
+    struct host_fenced_release {
+        std::uint64_t ticket = 0;
+        NxmemAllocation described{};
+        live_record record;
+        std::vector<fence> fences; // those not yet seen completed
+        fence_query query;
+        std::shared_ptr<allocator_core> pin;
+    };
+
+    result<std::uint64_t> release_after_unguarded(const NxmemAllocation& described,
+                                                  std::span<const fence> fences, fence_query query) {
+        NXMEM_TRY_VOID(check_identity(described.mechanism_id, described.device));
+        if (fences.empty() || fences.size() > NXMEM_MAX_FENCES) {
+            return fail(status_code::invalid_argument,
+                        "release_after: " + std::to_string(fences.size()) + " fences, not 1 to " +
+                            std::to_string(NXMEM_MAX_FENCES));
+        }
+        std::uint64_t kinds = 0;
+        for (const fence& each : fences) {
+            if (each.device != device_) {
+                return fail(status_code::wrong_device,
+                            "release_after: a fence names another device than the allocator's");
+            }
+            if (each.kind == NXMEM_FENCE_HOST_TIMELINE && (each.handle == 0 || each.handle % 8 != 0)) {
+                return fail(status_code::invalid_argument,
+                            "release_after: a host timeline's counter is NULL or not 8-aligned");
+            }
+            kinds |= abi::fence_kind_bit(each.kind);
+        }
+        if (fenced_release_ && (kinds & ~fenced_release_->fence_kinds) == 0 &&
+            table_.enqueue_release != nullptr) {
+            std::array<NxmemFence, NXMEM_MAX_FENCES> wire{};
+            for (std::size_t index = 0; index < fences.size(); ++index) {
+                wire[index] = fences[index].to_wire();
+            }
+            auto request = abi::make_struct<NxmemFencedReleaseRequest>();
+            request.fence_count = static_cast<std::uint32_t>(fences.size());
+            request.allocation = described;
+            request.fences = wire.data();
+            request.fence_stride = sizeof(NxmemFence);
+            return enqueue_with(described, [&](std::uint64_t ticket, NxmemStatus& status) {
+                request.ticket = ticket;
+                return fenced_release_->enqueue_fenced_release(raw_, &request, &status);
+            });
+        }
+        if ((kinds & ~abi::fence_kind_bit(NXMEM_FENCE_HOST_TIMELINE)) != 0 && !query) {
+            return fail(status_code::unsupported_capability,
+                        "release_after: '" + mechanism_name_ +
+                            "' does not wait on every kind of these fences and no fence_query "
+                            "was given for them");
+        }
+        return keep_host_fenced(described, fences, std::move(query));
+    }
+
+    // The host's own queue: the allocation is claimed (live to every count, refused to the
+    // engine's releases as being released) until a drain finds its fences completed.
+    result<std::uint64_t> keep_host_fenced(const NxmemAllocation& described,
+                                           std::span<const fence> fences, fence_query query) {
+        host_fenced_release entry{0, described, {}, {fences.begin(), fences.end()}, std::move(query),
+                                  shared_from_this()};
+        NXMEM_TRY(claimed, live_.claim(described));
+        if (leases_held_.load(std::memory_order_acquire) != 0 &&
+            leased(lease_kind::allocation, described.allocation_id)) [[unlikely]] {
+            live_.unclaim(described.allocation_id);
+            return lease_refusal(lease_kind::allocation, described.allocation_id);
+        }
+        entry.record = claimed;
+        entry.ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
+        const std::uint64_t ticket = entry.ticket;
+        try {
+            std::lock_guard lock(deferred_mutex_);
+            host_fenced_.push_back(std::move(entry));
+        } catch (...) {
+            live_.unclaim(described.allocation_id);
+            throw;
+        }
+        host_fenced_used_.store(true, std::memory_order_release);
+        module_->tally_.queued_releases.fetch_add(1);
+        return ticket;
+    }
+
+    // Whether every fence of `entry` has completed; those seen completed are dropped.
+    static bool host_fences_completed(host_fenced_release& entry) {
+        std::erase_if(entry.fences, [&](const fence& each) {
+            if (each.kind == NXMEM_FENCE_HOST_TIMELINE) {
+                return abi::host_timeline_reached(each.to_wire());
+            }
+            return entry.query(each);
+        });
+        return entry.fences.empty();
+    }
+
+    // Releases the host-kept allocations whose fences have completed, in ticket order, up to the
+    // first still waiting (F7: the drain never waits). One drain at a time walks this queue; no
+    // lock is held while the engine's query or the plugin is called.
+    result<std::vector<release_completion>> retire_host_fenced() {
+        std::vector<release_completion> retired;
+        if (!host_fenced_used_.load(std::memory_order_acquire) ||
+            host_draining_.exchange(true, std::memory_order_acquire)) {
+            return retired;
+        }
+        struct done_draining {
+            std::atomic<bool>& flag;
+            ~done_draining() { flag.store(false, std::memory_order_release); }
+        } done{host_draining_};
+        for (;;) {
+            host_fenced_release* front = nullptr;
+            {
+                std::lock_guard lock(deferred_mutex_);
+                if (host_fenced_.empty()) {
+                    return retired;
+                }
+                front = &host_fenced_.front(); // only this drain pops; push_back keeps it in place
+            }
+            if (!host_fences_completed(*front)) {
+                return retired;
+            }
+            retired.reserve(retired.size() + 1);
+            result<release_report> report =
+                release_claimed(front->described, front->record, live_table::position{});
+            if (!report) {
+                (void)live_.claim(front->described); // still queued: claimed again for the next drain
+                return report.error();
+            }
+            host_fenced_release finished;
+            {
+                std::lock_guard lock(deferred_mutex_);
+                finished = std::move(host_fenced_.front());
+                host_fenced_.pop_front();
+            }
+            module_->tally_.queued_releases.fetch_sub(1);
+            retired.push_back(release_completion{finished.ticket, finished.described.allocation_id,
+                                                 report.value()});
+        }
+    }
+
     struct pending_release {
         std::uint64_t allocation_id = 0;
         live_record record;
@@ -814,19 +1027,35 @@ private:
             tables_.push_back({"virtual-backing", backing.declared_minor, backing.effective_minor});
         }
         if (copy.table.shared_mapping != nullptr) {
-            NXMEM_TRY(mapping, read_capability_table(copy.table.shared_mapping, ceiling));
-            shared_mapping_ = mapping.table;
-            tables_.push_back({"shared-mapping", mapping.declared_minor, mapping.effective_minor});
+            NXMEM_TRY_VOID(keep_table(copy.table.shared_mapping, ceiling, shared_mapping_, "shared-mapping"));
         }
         if (copy.table.ipc != nullptr) {
-            NXMEM_TRY(sharing, read_capability_table(copy.table.ipc, ceiling));
-            ipc_ = sharing.table;
-            tables_.push_back({"ipc", sharing.declared_minor, sharing.effective_minor});
+            NXMEM_TRY_VOID(keep_table(copy.table.ipc, ceiling, ipc_, "ipc"));
+        }
+        if (copy.table.fenced_release != nullptr) {
+            NXMEM_TRY(fenced, keep_table(copy.table.fenced_release, ceiling, fenced_release_, "fenced-release"));
+            NXMEM_TRY(kinds, checked_kinds(fenced, fenced.table.fence_kinds, "fence_kinds", false));
+            fenced_release_->fence_kinds = kinds;
+        }
+        if (copy.table.copy != nullptr) {
+            NXMEM_TRY(copier, keep_table(copy.table.copy, ceiling, copy_, "copy"));
+            NXMEM_TRY(kinds, checked_kinds(copier, copier.table.stream_kinds, "stream_kinds", true));
+            copy_->stream_kinds = kinds;
         }
         table_ = copy.table;
         declared_minor_ = copy.declared_minor;
         raw_ = raw;
         return boost::outcome_v2::success();
+    }
+
+    // Reads the capability table at `untrusted` into `kept` and records its levels as `name`.
+    template <abi::growable_table T>
+    result<abi::table_copy<T>> keep_table(const T* untrusted, std::uint32_t ceiling,
+                                          std::optional<T>& kept, std::string_view name) {
+        NXMEM_TRY(read, read_capability_table(untrusted, ceiling));
+        kept = read.table;
+        tables_.push_back({name, read.declared_minor, read.effective_minor});
+        return read;
     }
 
     // The host owes a refused table its release, if the slot can be located at all.
@@ -1048,6 +1277,8 @@ private:
     std::uint64_t commit_granularity_ = 0;
     std::optional<NxmemSharedMappingVtable> shared_mapping_;
     std::optional<NxmemIpcVtable> ipc_; // minor 3
+    std::optional<NxmemFencedReleaseVtable> fenced_release_; // minor 4
+    std::optional<NxmemCopyVtable> copy_;                    // minor 4
     std::vector<capability_table_level> tables_;
     device_id device_;
     NxmemDeviceId wire_device_; // device_, as every request names it
@@ -1064,6 +1295,9 @@ private:
     std::vector<release_completion> completed_; // capacity >= size + pending tickets
     std::string completion_violation_;
     bool completion_violation_unrecorded_ = false;
+    std::deque<host_fenced_release> host_fenced_; // under deferred_mutex_ (minor 4)
+    std::atomic<bool> host_fenced_used_{false};   // release_after ever kept one here
+    std::atomic<bool> host_draining_{false};      // a drain is walking host_fenced_
     std::atomic<std::uint64_t> prefixes_held_{0}; // references the engine holds from this allocator
 
     mutable std::mutex lease_mutex_;

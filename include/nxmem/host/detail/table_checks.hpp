@@ -2,6 +2,7 @@
 // present, capability flags and slots in agreement, identities as expected.
 #pragma once
 
+#include <nxmem/abi/fence.hpp>
 #include <nxmem/abi/layout.hpp>
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/detail/hex.hpp>
@@ -64,6 +65,12 @@ inline result<void> check_capabilities(abi::table_copy<NxmemAllocatorVtable>& co
         }
     }
     table.capabilities &= abi::capabilities_at_minor(copy.effective_minor);
+    if ((table.capabilities & NXMEM_CAP_FENCED_RELEASE) != 0 &&
+        (table.capabilities & NXMEM_CAP_DEFERRED_RELEASE) == 0) { // F2
+        return fail(status_code::contract_violation,
+                    "NxmemAllocatorVtable: NXMEM_CAP_FENCED_RELEASE is set without "
+                    "NXMEM_CAP_DEFERRED_RELEASE: a fenced release retires through drain_releases");
+    }
     for (const abi::capability_pair& pair : abi::allocator_capabilities) {
         const bool flagged = (table.capabilities & pair.flag) != 0;
         for (std::string_view name : pair.fields) {
@@ -100,6 +107,26 @@ result<abi::table_copy<T>> read_capability_table(const T* untrusted, std::uint32
     NXMEM_TRY(copy, abi::read_prefix<T>(untrusted, negotiated_minor));
     NXMEM_TRY_VOID(check_required_slots(copy));
     return copy;
+}
+
+// The fence kinds a minor-4 table lists (fence_kinds, stream_kinds), versioned like flags (F6):
+// from a table declaring a newer minor the kinds this header does not know are cleared; in one
+// declaring a minor it knows, a bit no kind of it names is a violation, and so is fence_kinds 0
+// (a fenced release that can wait on nothing). stream_kinds 0 says: synchronous copies only.
+template <abi::growable_table T>
+result<std::uint64_t> checked_kinds(const abi::table_copy<T>& copy, std::uint64_t bits,
+                                    std::string_view field, bool zero_allowed) {
+    if (copy.declared_minor > abi::known_minor<T>()) {
+        return bits & abi::known_fence_kinds;
+    }
+    if ((bits & ~abi::known_fence_kinds) != 0 || (bits == 0 && !zero_allowed)) {
+        return fail(status_code::contract_violation,
+                    std::string(abi::struct_traits<T>::name) + ": " + std::string(field) + " 0x" +
+                        nxmem::detail::to_hex(bits) +
+                        (bits == 0 ? " names no fence kind"
+                                   : " names kinds no minor up to the declared one defines"));
+    }
+    return bits;
 }
 
 // The unit of commit and decommit a virtual-backing table states: from minor 2 on, its
