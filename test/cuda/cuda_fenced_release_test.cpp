@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
+#include <span>
 #include <vector>
 
 using namespace nxmem;
@@ -199,4 +201,37 @@ TEST_CASE("fenced releases retire in enqueue order, a host timeline's once the c
         CHECK(fake.counts().device_allocations == 0);
     }
     fake.require_idle();
+}
+
+TEST_CASE("through the host, a release after a stream's work is the plugin's to wait on, and the "
+          "module's unload report counts it until it retires",
+          "[cuda][concurrency][fenced]") {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
+        const driver_calls calls = fake.calls();
+        current_context context(calls);
+        scoped_stream stream(calls, CU_STREAM_NON_BLOCKING);
+        auto eager = test::open_or_fail<cuda_device>(module, "cuda-eager");
+        CHECK((eager.fence_kinds() & (1u << NXMEM_FENCE_CUDA_STREAM)) != 0);
+        const allocation<cuda_device> live = test::value_or_fail(eager.allocate(block_size, 256));
+        const std::vector<std::byte> written(block_size, std::byte{7});
+        test::value_or_fail(eager.copy_from_host(live, 0, written));
+
+        auto held_stream = fake.holding(stream.get());
+        fill kernel{live.address.value, block_size, kernel_byte};
+        REQUIRE(calls.launch_host_func(stream.get(), &run_fill, &kernel) == CUDA_SUCCESS);
+        const host::fence after_kernel{NXMEM_FENCE_CUDA_STREAM, eager.device(),
+                                       reinterpret_cast<std::uint64_t>(stream.get()), 0};
+        const std::uint64_t ticket = test::value_or_fail(eager.release_after(live, std::span(&after_kernel, 1)));
+        CHECK(test::value_or_fail(eager.drain_releases()).empty());
+        CHECK(test::value_or_fail(module->readiness()).plugin.queued_releases == 1);
+        CHECK(fake.counts().device_allocations == 1);
+
+        held_stream.let_go();
+        REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
+        const auto retired = test::value_or_fail(eager.drain_releases());
+        REQUIRE(retired.size() == 1);
+        CHECK(retired[0].ticket == ticket);
+        CHECK(test::value_or_fail(module->readiness()).plugin.queued_releases == 0);
+        CHECK(fake.counts().device_allocations == 0);
+    });
 }
