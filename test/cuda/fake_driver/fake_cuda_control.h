@@ -30,6 +30,8 @@
 extern "C" {
 #endif
 
+struct CUstream_st; /* cuda.h's CUstream points at one */
+
 struct fake_cuda_config {
     int devices;
     int driver_version;
