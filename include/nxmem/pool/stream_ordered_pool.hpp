@@ -21,7 +21,9 @@
 #include <nxmem/pool/detail/stream_records.hpp>
 #include <nxmem/pool/stream_policy.hpp>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <new>
