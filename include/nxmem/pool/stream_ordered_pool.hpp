@@ -19,6 +19,7 @@
 #include <nxmem/pool/detail/pool_errors.hpp>
 #include <nxmem/pool/detail/stream_lanes.hpp>
 #include <nxmem/pool/detail/stream_records.hpp>
+#include <nxmem/pool/size_classes.hpp>
 #include <nxmem/pool/stream_policy.hpp>
 
 #include <algorithm>
@@ -88,22 +89,20 @@ public:
         if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) [[unlikely]] {
             return pool_detail::refused_request(size, alignment);
         }
-        const std::optional<std::uint32_t> lane = lanes_.lane_of(stream);
-        if (!lane.has_value()) [[unlikely]] {
+        const std::uint32_t lane = lanes_.lane_of(stream);
+        if (lane == lanes_type::no_lane) [[unlikely]] {
             return too_many_streams();
         }
         std::uint32_t slot = pool_detail::no_record;
         {
-            std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[*lane].lock);
-            slot = lanes_.take_fitting(*lane, size, alignment, [&](record_type& record) {
-                // Released on this stream and used on no other: ordered by the stream itself.
-                return !record.fenced_elsewhere || usable_by(record, stream);
-            });
+            std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[lane].lock);
+            // Released on this stream and used on no other: ordered by the stream itself.
+            slot = lanes_.take_latest(lane, size, alignment);
         }
         if (slot != pool_detail::no_record) [[likely]] {
-            return hand_out(slot, stream, size, alignment);
+            return hand_out(slot, stream, lane, size, alignment);
         }
-        return allocate_elsewhere(size, alignment, stream, *lane);
+        return allocate_elsewhere(size, alignment, stream, lane);
     }
     result<allocation<device_type>> allocate(std::uint64_t size, std::uint64_t alignment) {
         return allocate(size, alignment, stream_type{});
@@ -141,7 +140,6 @@ public:
             return boost::outcome_v2::success();
         }
         try {
-            record->fences.reserve(record->used_on.size() + 3); // so a release never allocates
             record->used_on.push_back(stream);
         } catch (const std::bad_alloc&) {
             return pool_detail::out_of_memory("no host memory to record a stream");
@@ -215,53 +213,47 @@ private:
 
     // Whether `stream` may take `record` now, with the lane's lock held: every fence on another
     // stream has completed, or (a policy that waits) `stream` now waits for those that have not.
-    bool usable_by(record_type& record, const stream_type& stream) {
-        bool waits = false;
-        for (const auto& fenced : record.fences) {
-            if (fenced.stream == stream || policy_.completed(fenced.fence)) {
-                continue;
-            }
-            if constexpr (!inserts_waits) {
-                return false;
-            }
-            waits = true;
+    [[gnu::noinline]] bool usable_by(record_type& record, const stream_type& stream) {
+        const auto pending_elsewhere = [&](const pool_detail::stream_fence<Policy>& fenced) {
+            return !(fenced.stream == stream) && !policy_.completed(fenced.fence);
+        };
+        if (!record.any_fence(pending_elsewhere)) {
+            return true;
         }
         if constexpr (inserts_waits) {
-            if (waits) {
-                for (const auto& fenced : record.fences) {
-                    // A wait that failed leaves the record pending; one inserted before it only
-                    // delays the stream.
-                    if (fenced.stream != stream && !policy_.completed(fenced.fence) && !policy_.wait(stream, fenced.fence)) {
-                        return false;
-                    }
-                }
-            }
+            // A wait that failed leaves the record pending; one inserted before it only delays
+            // the stream.
+            return !record.any_fence([&](const pool_detail::stream_fence<Policy>& fenced) {
+                return pending_elsewhere(fenced) && !policy_.wait(stream, fenced.fence);
+            });
+        } else {
+            return false;
         }
-        return true;
     }
 
     bool all_completed(const record_type& record) {
-        for (const auto& fenced : record.fences) {
-            if (!policy_.completed(fenced.fence)) {
-                return false;
-            }
-        }
-        return true;
+        return !record.any_fence([&](const pool_detail::stream_fence<Policy>& fenced) { return !policy_.completed(fenced.fence); });
     }
 
     void retire_fences(record_type& record) noexcept {
+        if (record.released_fence.has_value()) [[likely]] {
+            policy_.retire(std::move(record.released_fence->fence));
+            record.released_fence.reset();
+        }
         for (auto& fenced : record.fences) {
             policy_.retire(std::move(fenced.fence));
         }
         record.fences.clear();
     }
 
-    allocation<device_type> hand_out(std::uint32_t slot, const stream_type& stream, std::uint64_t size, std::uint64_t alignment) noexcept {
+    allocation<device_type> hand_out(std::uint32_t slot, const stream_type& stream, std::uint32_t lane, std::uint64_t size,
+                                     std::uint64_t alignment) noexcept {
         record_type& record = table_[slot];
         retire_fences(record);
         record.used_on.clear();
         record.fenced_elsewhere = false;
         record.stream = stream;
+        record.home_lane = lane;
         const std::uint32_t generation = record.ticket.publish(record.wire, size, alignment);
         record.retiring = generation >= pool_detail::generation_limit;
         return allocation<device_type>{record.below.address, size, alignment, pool_detail::stream_record_id(generation, slot),
@@ -273,6 +265,20 @@ private:
     [[gnu::noinline]] result<allocation<device_type>> allocate_elsewhere(std::uint64_t size, std::uint64_t alignment,
                                                                          const stream_type& stream, std::uint32_t own) {
         std::uint64_t pending = 0;
+        {
+            // Any of its own lane's that fits: released here, maybe used on other streams too.
+            std::uint32_t slot = pool_detail::no_record;
+            {
+                std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[own].lock);
+                slot = lanes_.take_fitting(own, size, alignment, [&](record_type& record) {
+                    return !record.fenced_elsewhere || usable_by(record, stream);
+                });
+                pending += lanes_[own].pending_bytes;
+            }
+            if (slot != pool_detail::no_record) {
+                return hand_out(slot, stream, own, size, alignment);
+            }
+        }
         for (std::uint32_t index = 0; index < lanes_type::capacity; ++index) {
             if (index == own || !lanes_.claimed(index)) {
                 continue;
@@ -284,12 +290,8 @@ private:
                 pending += lanes_[index].pending_bytes;
             }
             if (slot != pool_detail::no_record) {
-                return hand_out(slot, stream, size, alignment);
+                return hand_out(slot, stream, own, size, alignment);
             }
-        }
-        {
-            std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[own].lock);
-            pending += lanes_[own].pending_bytes;
         }
         if (pending > options_.collect_above_bytes) {
             collect();
@@ -305,10 +307,10 @@ private:
         if (slot.has_value()) {
             record_type& record = table_[*slot];
             try {
-                record.fences.reserve(3); // the release's stream, the allocation's, one recorded
                 record.below = made.value();
                 record.wire = device_type::to_wire(record.below.address);
-                return hand_out(*slot, stream, size, alignment);
+                record.bin = pool_classes::bin_of(record.below.size);
+                return hand_out(*slot, stream, own, size, alignment);
             } catch (const std::bad_alloc&) {
                 table_.give(*slot);
             }
@@ -339,35 +341,53 @@ private:
             return pool_detail::refused_release(
                 live.mechanism_id != record->below.mechanism_id ? status_code::wrong_mechanism : status_code::wrong_device, live);
         }
+        // The common case: released on the stream it was allocated on, whose lane it knows.
+        std::uint32_t lane = record->home_lane;
         const stream_type stream = given != nullptr ? *given : record->stream;
-        const std::optional<std::uint32_t> lane = lanes_.lane_of(stream);
-        if (!lane.has_value()) [[unlikely]] {
-            record->ticket.restore(generation);
-            return too_many_streams();
+        if (given != nullptr && !(stream == record->stream)) {
+            lane = lanes_.lane_of(stream);
+            if (lane == lanes_type::no_lane) [[unlikely]] {
+                record->ticket.restore(generation);
+                return too_many_streams();
+            }
         }
-        if (auto fenced = fence_release(*record, stream); !fenced) [[unlikely]] {
-            record->ticket.restore(generation);
-            return std::move(fenced).error();
+        {
+            std::lock_guard<nxmem::detail::spin_lock> guard(record->guard); // after record_stream in flight
+            result<fence_type> fence = policy_.record(stream);
+            if (!fence) [[unlikely]] {
+                record->ticket.restore(generation);
+                return std::move(fence).error();
+            }
+            record->released_fence.emplace(pool_detail::stream_fence<Policy>{stream, std::move(fence).value()});
+            if (!record->used_on.empty() || !(stream == record->stream)) [[unlikely]] {
+                if (auto fenced = fence_other_streams(*record, stream); !fenced) {
+                    record->ticket.restore(generation);
+                    return std::move(fenced).error();
+                }
+            }
         }
-        std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[*lane].lock);
-        lanes_.link(*lane, pool_detail::stream_record_slot(live.allocation_id));
+        std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[lane].lock);
+        lanes_.link(lane, pool_detail::stream_record_slot(live.allocation_id), *record);
         return release_report{release_state::complete, 0, 0};
     }
 
-    // Records a fence on the release's stream, the allocation's and every stream recorded; on a
-    // failure none is kept.
-    result<void> fence_release(record_type& record, const stream_type& stream) {
-        std::lock_guard<nxmem::detail::spin_lock> hold(record.guard); // after record_stream in flight
+    // Records a fence on the allocation's stream, when released on another, and on the streams
+    // record_stream named; on a failure none is kept, the release's own neither.
+    [[gnu::noinline]] result<void> fence_other_streams(record_type& record, const stream_type& stream) {
         auto add = [&](const stream_type& on) -> result<void> {
             result<fence_type> fence = policy_.record(on);
             if (!fence) [[unlikely]] {
                 return std::move(fence).error();
             }
-            record.fences.push_back({on, std::move(fence).value()}); // within the capacity reserved
+            try {
+                record.fences.push_back({on, std::move(fence).value()});
+            } catch (const std::bad_alloc&) {
+                return pool_detail::out_of_memory("no host memory to record a fence");
+            }
             return boost::outcome_v2::success();
         };
-        result<void> done = add(stream);
-        if (done && record.stream != stream) {
+        result<void> done = boost::outcome_v2::success();
+        if (record.stream != stream) {
             done = add(record.stream);
         }
         for (std::size_t at = 0; done && at < record.used_on.size(); ++at) {
@@ -379,7 +399,7 @@ private:
             retire_fences(record);
             return done;
         }
-        record.fenced_elsewhere = record.fences.size() > 1;
+        record.fenced_elsewhere = !record.fences.empty();
         return done;
     }
 

@@ -11,18 +11,13 @@
 
 #include <array>
 #include <atomic>
-#include <bit>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <mutex>
-#include <optional>
 
 namespace nxmem::pool_detail {
 
 template <class Stream> struct stream_lane {
-    static constexpr std::uint32_t bin_words = pool_classes::bin_count / 64;
-
     stream_lane() { heads.fill(no_record); }
 
     nxmem::detail::spin_lock lock;
@@ -30,7 +25,6 @@ template <class Stream> struct stream_lane {
     Stream stream{}; // written once, before `claimed` is published
     // Below, the lock's.
     std::array<std::uint32_t, pool_classes::bin_count> heads;
-    std::array<std::uint64_t, bin_words> nonempty{};
     std::uint64_t pending_blocks = 0;
     std::uint64_t pending_bytes = 0;
 };
@@ -44,38 +38,50 @@ public:
     static constexpr std::uint32_t bins_searched = 5;
     static constexpr std::uint32_t records_per_bin = 4;
 
-    explicit stream_lanes(Table& table) : table_(table), lanes_(std::make_unique<lane[]>(capacity)) {}
+    explicit stream_lanes(Table& table) : table_(table) {}
 
     lane& operator[](std::uint32_t index) noexcept { return lanes_[index]; }
     const lane& operator[](std::uint32_t index) const noexcept { return lanes_[index]; }
     bool claimed(std::uint32_t index) const noexcept { return lanes_[index].claimed.load(std::memory_order_acquire); }
 
-    // The lane of `stream`, claimed on first sight; none when every lane is taken.
-    std::optional<std::uint32_t> lane_of(const Stream& stream) noexcept {
-        if (const std::optional<std::uint32_t> found = probe(stream); found.has_value()) [[likely]] {
-            return found;
-        }
-        std::lock_guard<nxmem::detail::spin_lock> hold(claim_lock_);
-        if (const std::optional<std::uint32_t> found = probe(stream); found.has_value()) {
-            return found;
-        }
+    static constexpr std::uint32_t no_lane = capacity;
+
+    // The lane of `stream`, claimed on first sight; no_lane when every lane is taken.
+    std::uint32_t lane_of(const Stream& stream) noexcept {
         const std::uint32_t start = start_of(stream);
-        for (std::uint32_t step = 0; step < capacity; ++step) {
-            lane& candidate = lanes_[(start + step) % capacity];
-            if (!candidate.claimed.load(std::memory_order_relaxed)) {
-                candidate.stream = stream;
-                candidate.claimed.store(true, std::memory_order_release);
-                return (start + step) % capacity;
-            }
+        if (const lane& first = lanes_[start]; first.claimed.load(std::memory_order_acquire) && first.stream == stream) [[likely]] {
+            return start;
         }
-        return std::nullopt;
+        return find_or_claim(stream);
+    }
+
+    // With the lane's lock held: the record last released in the request's bin when it holds
+    // `size` at `alignment` and is fenced on the lane's stream alone, taken off its list (the
+    // common case of a stream taking back what it released); else no_record.
+    std::uint32_t take_latest(std::uint32_t index, std::uint64_t size, std::uint64_t alignment) noexcept {
+        lane& owner = lanes_[index];
+        const std::uint32_t slot = owner.heads[pool_classes::bin_of(size)];
+        if (slot == no_record) {
+            return no_record;
+        }
+        auto& record = table_[slot];
+        if (record.below.size < size || (record.wire & (alignment - 1)) != 0 || record.retiring || record.fenced_elsewhere) {
+            return no_record;
+        }
+        owner.heads[record.bin] = record.next;
+        if (record.next != no_record) [[unlikely]] {
+            table_[record.next].previous = no_record;
+        }
+        record.lane = no_record;
+        --owner.pending_blocks;
+        owner.pending_bytes -= record.below.size;
+        return slot;
     }
 
     // With the lane's lock held: lists a pending record.
-    void link(std::uint32_t index, std::uint32_t slot) noexcept {
+    template <class Record> void link(std::uint32_t index, std::uint32_t slot, Record& record) noexcept {
         lane& owner = lanes_[index];
-        auto& record = table_[slot];
-        const std::uint32_t bin = pool_classes::bin_of(record.below.size);
+        const std::uint32_t bin = record.bin;
         record.lane = index;
         record.previous = no_record;
         record.next = owner.heads[bin];
@@ -83,30 +89,13 @@ public:
             table_[record.next].previous = slot;
         }
         owner.heads[bin] = slot;
-        owner.nonempty[bin / 64] |= std::uint64_t{1} << (bin % 64);
         ++owner.pending_blocks;
         owner.pending_bytes += record.below.size;
     }
 
     // With the lane's lock held: takes a pending record off its list.
     void unlink(std::uint32_t index, std::uint32_t slot) noexcept {
-        lane& owner = lanes_[index];
-        auto& record = table_[slot];
-        const std::uint32_t bin = pool_classes::bin_of(record.below.size);
-        if (record.previous != no_record) {
-            table_[record.previous].next = record.next;
-        } else {
-            owner.heads[bin] = record.next;
-            if (record.next == no_record) {
-                owner.nonempty[bin / 64] &= ~(std::uint64_t{1} << (bin % 64));
-            }
-        }
-        if (record.next != no_record) {
-            table_[record.next].previous = record.previous;
-        }
-        record.lane = no_record;
-        --owner.pending_blocks;
-        owner.pending_bytes -= record.below.size;
+        unlink_record(index, table_[slot]);
     }
 
     // With the lane's lock held: the first pending record that holds `size` at `alignment` and
@@ -116,15 +105,12 @@ public:
         lane& owner = lanes_[index];
         const std::uint32_t own_bin = pool_classes::bin_of(size);
         for (std::uint32_t bin = own_bin; bin < own_bin + bins_searched && bin < pool_classes::bin_count; ++bin) {
-            if ((owner.nonempty[bin / 64] & (std::uint64_t{1} << (bin % 64))) == 0) [[unlikely]] {
-                continue;
-            }
             std::uint32_t slot = owner.heads[bin];
             for (std::uint32_t read = 0; slot != no_record && read < records_per_bin; ++read) {
                 auto& record = table_[slot];
                 if (record.below.size >= size && (record.wire & (alignment - 1)) == 0 && !record.retiring &&
-                    usable(record)) {
-                    unlink(index, slot);
+                    usable(record)) [[likely]] {
+                    unlink_record(index, record);
                     return slot;
                 }
                 slot = record.next;
@@ -136,38 +122,72 @@ public:
     // With the lane's lock held: calls visit(slot) for every pending record (visit must not
     // unlink it; it collects the slot to unlink afterwards).
     template <class Visit> void for_each_pending(std::uint32_t index, Visit&& visit) const {
-        const lane& owner = lanes_[index];
-        for (std::uint32_t word = 0; word < lane::bin_words; ++word) {
-            for (std::uint64_t bits = owner.nonempty[word]; bits != 0; bits &= bits - 1) {
-                const std::uint32_t bin = word * 64 + static_cast<std::uint32_t>(std::countr_zero(bits));
-                for (std::uint32_t slot = owner.heads[bin]; slot != no_record; slot = table_[slot].next) {
-                    visit(slot);
-                }
+        for (const std::uint32_t head : lanes_[index].heads) {
+            for (std::uint32_t slot = head; slot != no_record; slot = table_[slot].next) {
+                visit(slot);
             }
         }
     }
 
 private:
-    static std::uint32_t start_of(const Stream& stream) noexcept {
-        return static_cast<std::uint32_t>(std::hash<Stream>{}(stream) % capacity);
+    template <class Record> void unlink_record(std::uint32_t index, Record& record) noexcept {
+        lane& owner = lanes_[index];
+        const std::uint32_t bin = record.bin;
+        if (record.previous != no_record) {
+            table_[record.previous].next = record.next;
+        } else {
+            owner.heads[bin] = record.next;
+        }
+        if (record.next != no_record) {
+            table_[record.next].previous = record.previous;
+        }
+        record.lane = no_record;
+        --owner.pending_blocks;
+        owner.pending_bytes -= record.below.size;
     }
 
-    std::optional<std::uint32_t> probe(const Stream& stream) const noexcept {
+    [[gnu::noinline]] std::uint32_t find_or_claim(const Stream& stream) noexcept {
+        if (const std::uint32_t found = probe(stream); found != no_lane) {
+            return found;
+        }
+        std::lock_guard<nxmem::detail::spin_lock> hold(claim_lock_);
+        if (const std::uint32_t found = probe(stream); found != no_lane) {
+            return found;
+        }
+        const std::uint32_t start = start_of(stream);
+        for (std::uint32_t step = 0; step < capacity; ++step) {
+            lane& candidate = lanes_[(start + step) % capacity];
+            if (!candidate.claimed.load(std::memory_order_relaxed)) {
+                candidate.stream = stream;
+                candidate.claimed.store(true, std::memory_order_release);
+                return (start + step) % capacity;
+            }
+        }
+        return no_lane;
+    }
+
+    // Fibonacci hashing: a stream handle that is a pointer has its low bits all zero.
+    static std::uint32_t start_of(const Stream& stream) noexcept {
+        static_assert(capacity == 64);
+        return static_cast<std::uint32_t>((std::uint64_t{std::hash<Stream>{}(stream)} * 0x9e3779b97f4a7c15ULL) >> 58);
+    }
+
+    std::uint32_t probe(const Stream& stream) const noexcept {
         const std::uint32_t start = start_of(stream);
         for (std::uint32_t step = 0; step < capacity; ++step) {
             const lane& candidate = lanes_[(start + step) % capacity];
             if (!candidate.claimed.load(std::memory_order_acquire)) {
-                return std::nullopt; // lanes are never given up: the stream has none yet
+                return no_lane; // lanes are never given up: the stream has none yet
             }
             if (candidate.stream == stream) [[likely]] {
                 return (start + step) % capacity;
             }
         }
-        return std::nullopt;
+        return no_lane;
     }
 
     Table& table_;
-    std::unique_ptr<lane[]> lanes_;
+    std::array<lane, capacity> lanes_; // in place: a lane is reached without loading a pointer
     nxmem::detail::spin_lock claim_lock_;
 };
 

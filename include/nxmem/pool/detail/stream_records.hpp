@@ -34,7 +34,8 @@ template <StreamPolicy P> struct stream_fence {
     typename P::fence_type fence;
 };
 
-template <Device D, StreamPolicy P> struct stream_record {
+// Aligned to a cache line: records of two streams' lanes share none.
+template <Device D, StreamPolicy P> struct alignas(64) stream_record {
     using stream_type = typename P::stream_type;
 
     span_ticket ticket;             // the caller's description and generation, claimed lock-free
@@ -43,13 +44,30 @@ template <Device D, StreamPolicy P> struct stream_record {
     std::uint64_t wire = 0;         // its address on the wire
     stream_type stream{};           // the stream it was last handed to
     std::vector<stream_type> used_on;        // record_stream's other streams (capacity kept)
-    std::vector<stream_fence<P>> fences;     // recorded at release: one per stream used on
+    // Recorded at release: on the stream released on, and on every other stream it was used on.
+    std::optional<stream_fence<P>> released_fence;
+    std::vector<stream_fence<P>> fences;
     bool fenced_elsewhere = false;  // a fence on a stream other than the one it was released on
     bool retiring = false;          // generations spent: given below once complete, never reused
+    std::uint32_t home_lane = no_record; // the lane of `stream`, so a release there finds it at once
+    std::uint32_t bin = 0;               // the size bin of `below`, listed in while pending
     // While pending: its lane and its links in that lane's bin (lane's lock).
     std::uint32_t lane = no_record;
     std::uint32_t previous = no_record;
     std::uint32_t next = no_record;
+
+    // Whether `test` holds for any of its fences.
+    template <class Test> bool any_fence(Test&& test) const {
+        if (released_fence.has_value() && test(*released_fence)) {
+            return true;
+        }
+        for (const auto& fenced : fences) {
+            if (test(fenced)) {
+                return true;
+            }
+        }
+        return false;
+    }
 };
 
 // The directory and its free slots. Slots are taken and returned under a lock of their own: only
