@@ -163,6 +163,33 @@ TEST_CASE("stream-ordered layer: record_stream fences every stream a block was u
     CHECK(f.ledger->releases == 0);
 }
 
+TEST_CASE("stream-ordered layer as docs/HOST.md shows it: a block read on a copy stream waits for the copy",
+          "[pool][layers][streams]") {
+    fake_fixture f;
+    using layer_type = stream_ordered_pool<pool_allocator<test::fake_device_upstream>, test::host_timeline_policy>;
+    const std::uint32_t compute = 0;
+    const std::uint32_t copy = 1;
+    layer_type layer(std::in_place, test::host_timeline_policy(f.timeline), stream_pool_options{}, f.device);
+
+    auto x = layer.allocate(1 << 20, 256, compute).value();
+    layer.record_stream(x, copy).value();
+    f.timeline->submit(compute);
+    f.timeline->submit(copy);
+    layer.deallocate(x, compute).value();
+    auto y = layer.allocate(1 << 20, 256, compute).value();
+    CHECK(y.address != x.address);
+    CHECK(layer.trim() == 0);
+    const stream_pool_usage pending = layer.usage();
+    CHECK(pending.pending_allocations == 1);
+    CHECK(pending.pending_bytes == 1 << 20);
+    CHECK(pending.streams == 1); // lanes: the copy stream neither allocated nor released
+    f.timeline->complete(copy);
+    f.timeline->complete(compute);
+    layer.deallocate(y, compute).value();
+    CHECK(layer.trim() > 0);
+    CHECK(f.ledger->live_count() == 0);
+}
+
 TEST_CASE("stream-ordered layer: releases are checked, and a fence that cannot be recorded changes nothing",
           "[pool][layers][streams]") {
     fake_fixture f;

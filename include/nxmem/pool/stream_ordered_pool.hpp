@@ -44,7 +44,7 @@ struct stream_pool_options {
 struct stream_pool_usage {
     std::uint64_t pending_allocations = 0; // released, held here until their fences complete or reuse
     std::uint64_t pending_bytes = 0;       // their sizes as the layer below handed them out
-    std::uint64_t streams = 0;             // lanes claimed (streams seen)
+    std::uint64_t streams = 0;             // lanes: streams that allocated or released here
     std::uint64_t failed_give_backs = 0;   // releases below that failed (kept allocated below)
 };
 
