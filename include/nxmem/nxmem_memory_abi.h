@@ -78,8 +78,10 @@ _Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets
  * NXMEM_CAP_USAGE_QUERY) and its output record NxmemAllocatorUsage. Minor 3 appends sharing memory
  * across processes: the ipc table (flag NXMEM_CAP_IPC) with its records NxmemIpcHandle,
  * NxmemExportRequest, NxmemImportRequest and NxmemImport, and the imports' fields of the unload
- * report and the usage query. */
-#define NXMEM_ABI_MINOR 3u
+ * report and the usage query. Minor 4 appends stream-ordered release and copies: the fenced_release
+ * table (flag NXMEM_CAP_FENCED_RELEASE) with its records NxmemFence and NxmemFencedReleaseRequest,
+ * and the copy table (flag NXMEM_CAP_COPY) with its record NxmemCopyRequest. */
+#define NXMEM_ABI_MINOR 4u
 /* The oldest minor of major 1. */
 #define NXMEM_ABI_MINOR_BASELINE 0u
 
@@ -97,6 +99,8 @@ _Static_assert(sizeof(void *) == 8, "the nxmem ABI is defined for 64-bit targets
 #define NXMEM_IPC_MAX_FDS 4u
 /* Mechanism-defined bytes one NxmemIpcHandle carries at most (minor 3). */
 #define NXMEM_IPC_OPAQUE_BYTES 64u
+/* Fences one fenced release carries at most (minor 4). */
+#define NXMEM_MAX_FENCES 16u
 
 /* ---------------------------------------------------------------------------------------------
  * Codes
@@ -149,6 +153,11 @@ typedef uint64_t NxmemCapabilities;
 #define NXMEM_CAP_USAGE_QUERY (1ull << 5)
 /* `ipc` table: export allocations or shared prefixes to other processes, import theirs. since=3 */
 #define NXMEM_CAP_IPC (1ull << 6)
+/* `fenced_release` table: a queued release that retires only after device work it names (fences)
+ * has completed. Requires NXMEM_CAP_DEFERRED_RELEASE. since=4 */
+#define NXMEM_CAP_FENCED_RELEASE (1ull << 7)
+/* `copy` table: copy bytes between an allocation or a shared prefix and host memory. since=4 */
+#define NXMEM_CAP_COPY (1ull << 8)
 
 /* The flags each minor defines, cumulatively. */
 #define NXMEM_CAP_ALL_V1_0                                                                      \
@@ -157,11 +166,13 @@ typedef uint64_t NxmemCapabilities;
 #define NXMEM_CAP_ALL_V1_1 (NXMEM_CAP_ALL_V1_0 | NXMEM_CAP_STRUCTURED_RELEASE)
 #define NXMEM_CAP_ALL_V1_2 (NXMEM_CAP_ALL_V1_1 | NXMEM_CAP_USAGE_QUERY)
 #define NXMEM_CAP_ALL_V1_3 (NXMEM_CAP_ALL_V1_2 | NXMEM_CAP_IPC)
+#define NXMEM_CAP_ALL_V1_4 (NXMEM_CAP_ALL_V1_3 | NXMEM_CAP_FENCED_RELEASE | NXMEM_CAP_COPY)
 /* Every flag this header defines (the newest minor's set). */
-#define NXMEM_CAP_ALL_V1 NXMEM_CAP_ALL_V1_3
+#define NXMEM_CAP_ALL_V1 NXMEM_CAP_ALL_V1_4
 /* The flags defined at or below minor `minor`: what a sender may set at that negotiated minor. */
 #define NXMEM_CAPS_AT_MINOR(minor)                                                              \
-    ((minor) >= 3u   ? NXMEM_CAP_ALL_V1_3                                                      \
+    ((minor) >= 4u   ? NXMEM_CAP_ALL_V1_4                                                      \
+     : (minor) == 3u ? NXMEM_CAP_ALL_V1_3                                                      \
      : (minor) == 2u ? NXMEM_CAP_ALL_V1_2                                                      \
      : (minor) == 1u ? NXMEM_CAP_ALL_V1_1                                                      \
                      : NXMEM_CAP_ALL_V1_0)
@@ -185,6 +196,8 @@ typedef uint32_t NxmemReleaseState;
 #define NXMEM_TYPE_TAG_SHARED_MAPPING 0x4D534E58u    /* "XNSM" */
 #define NXMEM_TYPE_TAG_HOST_CALLBACKS 0x42434E58u    /* "XNCB" */
 #define NXMEM_TYPE_TAG_IPC 0x50494E58u               /* "XNIP" (minor 3) */
+#define NXMEM_TYPE_TAG_FENCED_RELEASE 0x52464E58u    /* "XNFR" (minor 4) */
+#define NXMEM_TYPE_TAG_COPY 0x50434E58u              /* "XNCP" (minor 4) */
 
 /* What an NxmemIpcHandle shares (minor 3). */
 typedef uint32_t NxmemIpcKind;
@@ -195,6 +208,30 @@ typedef uint32_t NxmemIpcKind;
 typedef uint32_t NxmemIpcAccess;
 #define NXMEM_IPC_READ_WRITE 0u
 #define NXMEM_IPC_READ_ONLY 1u /* the descriptors themselves allow no write mapping */
+
+/* Kinds of work a fence names (minor 4). A mechanism says which kinds it waits on (bit 1 << kind
+ * of NxmemFencedReleaseVtable::fence_kinds); new kinds are only appended. */
+typedef uint32_t NxmemFenceKind;
+/* `handle` is the address of a naturally aligned uint64_t counter in the host's memory that the
+ * host only ever increases, with atomic stores; the fence has completed once the counter reads
+ * `value` or more. The host keeps the counter valid until the release carrying it retires. */
+#define NXMEM_FENCE_HOST_TIMELINE 1u
+/* `handle` is a CUstream of `device` (0 is the legacy default stream): the work queued on it
+ * before the call that carries the fence. `value` is 0. */
+#define NXMEM_FENCE_CUDA_STREAM 2u
+/* `handle` is a CUevent of `device`, recorded before the call that carries the fence; the fence
+ * has completed when the event has. `value` is 0. */
+#define NXMEM_FENCE_CUDA_EVENT 3u
+
+/* Which way a copy goes (minor 4). */
+typedef uint32_t NxmemCopyDirection;
+#define NXMEM_COPY_TO_HOST 1u   /* from the allocation or prefix into host memory */
+#define NXMEM_COPY_FROM_HOST 2u /* from host memory into the allocation or prefix */
+
+/* What a copy touches (minor 4). */
+typedef uint32_t NxmemCopyTarget;
+#define NXMEM_COPY_ALLOCATION 1u /* a range of a live allocation */
+#define NXMEM_COPY_PREFIX 2u     /* a range of a live shared prefix */
 
 /* ---------------------------------------------------------------------------------------------
  * Records
@@ -491,6 +528,54 @@ typedef struct NxmemImport {
     uint64_t mapped_bytes;                      /* @field mapped_bytes offset=112 size=8 since=3 */
 } NxmemImport;
 
+/* Work a release waits for (minor 4): see NXMEM_FENCE_*. A fence is borrowed for the call that
+ * carries it; the mechanism copies what it needs (a CUDA_STREAM fence is turned into an event it
+ * records on the stream during the call). */
+/* @layout NxmemFence size=40 align=8 since=4 */
+typedef struct NxmemFence {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=4 */
+    NxmemFenceKind kind;                        /* @field kind offset=4 size=4 since=4 */
+    NxmemDeviceId device;                       /* @field device offset=8 size=16 since=4 */
+    uint64_t handle;                            /* @field handle offset=24 size=8 since=4 */
+    uint64_t value;                             /* @field value offset=32 size=8 since=4 */
+} NxmemFence;
+
+/* Host → plugin (minor 4): queue the release of `allocation` under the host's `ticket`, to retire
+ * only after each of the `fence_count` fences (1 to NXMEM_MAX_FENCES) has completed. `fences`
+ * points at the first; each next one starts `fence_stride` bytes further (the sender's
+ * sizeof(NxmemFence), at least 40, a multiple of 8), so the array grows with the record. The
+ * fences are borrowed for the call. */
+/* @layout NxmemFencedReleaseRequest size=96 align=8 since=4 */
+typedef struct NxmemFencedReleaseRequest {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=4 */
+    uint32_t fence_count;                       /* @field fence_count offset=4 size=4 since=4 */
+    NxmemAllocation allocation;                 /* @field allocation offset=8 size=64 since=4 */
+    uint64_t ticket;                            /* @field ticket offset=72 size=8 since=4 */
+    const NxmemFence *fences;                   /* @field fences offset=80 size=8 since=4 */
+    uint32_t fence_stride;                      /* @field fence_stride offset=88 size=4 since=4 */
+    uint32_t reserved;                          /* @field reserved offset=92 size=4 since=4 */
+} NxmemFencedReleaseRequest;
+
+/* Host → plugin (minor 4): copy `length` bytes between offset `offset` of `allocation` (target
+ * NXMEM_COPY_ALLOCATION) or of `prefix` (NXMEM_COPY_PREFIX; the other member is zero) and the host
+ * memory at `host_buffer`, in `direction`. With `stream` NULL the copy has completed when the call
+ * returns. With `stream` a fence of a kind the table accepts (NxmemCopyVtable::stream_kinds), the
+ * copy is queued after the work that fence names and the call returns at once: the host waits on
+ * its own stream, and keeps `host_buffer` and the memory alive and untouched until then. */
+/* @layout NxmemCopyRequest size=160 align=8 since=4 */
+typedef struct NxmemCopyRequest {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=4 */
+    NxmemCopyDirection direction;               /* @field direction offset=4 size=4 since=4 */
+    NxmemCopyTarget target;                     /* @field target offset=8 size=4 since=4 */
+    uint32_t reserved;                          /* @field reserved offset=12 size=4 since=4 */
+    NxmemAllocation allocation;                 /* @field allocation offset=16 size=64 since=4 */
+    NxmemSharedPrefixHandle prefix;             /* @field prefix offset=80 size=48 since=4 */
+    uint64_t offset;                            /* @field offset offset=128 size=8 since=4 */
+    uint64_t length;                            /* @field length offset=136 size=8 since=4 */
+    void *host_buffer;                          /* @field host_buffer offset=144 size=8 since=4 */
+    const NxmemFence *stream;                   /* @field stream offset=152 size=8 since=4 */
+} NxmemCopyRequest;
+
 /* A major and an inclusive range of minors. */
 /* @layout NxmemVersionRange size=16 align=4 since=0 */
 typedef struct NxmemVersionRange {
@@ -581,6 +666,8 @@ typedef struct NxmemAllocatorVtable NxmemAllocatorVtable;
 typedef struct NxmemVirtualBackingVtable NxmemVirtualBackingVtable;
 typedef struct NxmemSharedMappingVtable NxmemSharedMappingVtable;
 typedef struct NxmemIpcVtable NxmemIpcVtable;
+typedef struct NxmemFencedReleaseVtable NxmemFencedReleaseVtable;
+typedef struct NxmemCopyVtable NxmemCopyVtable;
 
 /* Virtual backing slots. `allocator` is the owning allocator table's original pointer. */
 typedef NxmemStatusCode (*NxmemCommitFn)(NxmemAllocatorVtable *allocator,
@@ -683,6 +770,53 @@ struct NxmemIpcVtable {
     NxmemCloseImportFn close_import;            /* @field close_import offset=32 size=8 since=3 */
 };
 
+/* Stream-ordered release (minor 4). */
+typedef NxmemStatusCode (*NxmemEnqueueFencedReleaseFn)(NxmemAllocatorVtable *allocator,
+                                                       const NxmemFencedReleaseRequest *request,
+                                                       NxmemStatus *status);
+
+/* Owned by its allocator; valid until the allocator's last reference is released (minor 4).
+ * enqueue_fenced_release: enqueue_release with fences. The allocation is handed over under the
+ *         ticket exactly as by enqueue_release (D1, D9) and retires through drain_releases and
+ *         release_completed like every queued release, in enqueue order; it retires only once
+ *         every fence has completed, and until then the mechanism neither reuses nor unmaps its
+ *         memory. A drain never waits for a fence: it retires the queue up to the first release
+ *         whose fences are pending. A fence of a kind the mechanism does not wait on (see
+ *         fence_kinds), or of another device, is refused (UNSUPPORTED_CAPABILITY, WRONG_DEVICE)
+ *         and nothing is queued.
+ * fence_kinds: bit (1 << kind) set for each NxmemFenceKind the mechanism waits on. */
+/* @layout NxmemFencedReleaseVtable size=32 align=8 since=4 */
+struct NxmemFencedReleaseVtable {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=4 */
+    uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=4 */
+    uint32_t type_tag;                          /* @field type_tag offset=8 size=4 since=4 */
+    uint32_t reserved;                          /* @field reserved offset=12 size=4 since=4 */
+    NxmemEnqueueFencedReleaseFn enqueue_fenced_release; /* @field enqueue_fenced_release offset=16 size=8 since=4 */
+    uint64_t fence_kinds;                       /* @field fence_kinds offset=24 size=8 since=4 */
+};
+
+/* Copies between device memory and the host (minor 4). */
+typedef NxmemStatusCode (*NxmemCopyFn)(NxmemAllocatorVtable *allocator,
+                                       const NxmemCopyRequest *request, NxmemStatus *status);
+
+/* Owned by its allocator; valid until the allocator's last reference is released (minor 4).
+ * copy: checks the request like any other (the allocation or prefix is live and this allocator's;
+ *         `offset + length` does not wrap and lies within its size, the size the host asked for;
+ *         a range of a virtual-backing allocation lies in committed memory; FROM_HOST into memory
+ *         this process may only read is refused) and copies; a refused copy touches nothing.
+ *         A length of 0 copies nothing and succeeds.
+ * stream_kinds: bit (1 << kind) for each NxmemFenceKind the copy accepts as `stream`; 0 when the
+ *         mechanism copies synchronously only. */
+/* @layout NxmemCopyVtable size=32 align=8 since=4 */
+struct NxmemCopyVtable {
+    uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=4 */
+    uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=4 */
+    uint32_t type_tag;                          /* @field type_tag offset=8 size=4 since=4 */
+    uint32_t reserved;                          /* @field reserved offset=12 size=4 since=4 */
+    NxmemCopyFn copy;                           /* @field copy offset=16 size=8 since=4 */
+    uint64_t stream_kinds;                      /* @field stream_kinds offset=24 size=8 since=4 */
+};
+
 /* Allocator slots. */
 typedef NxmemStatusCode (*NxmemAllocateFn)(NxmemAllocatorVtable *self,
                                            const NxmemAllocRequest *request,
@@ -716,6 +850,8 @@ typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAl
  *   release_allocation (minor 1)        NXMEM_CAP_STRUCTURED_RELEASE
  *   query_usage (minor 2)               NXMEM_CAP_USAGE_QUERY
  *   ipc (minor 3)                       NXMEM_CAP_IPC
+ *   fenced_release (minor 4)            NXMEM_CAP_FENCED_RELEASE (with NXMEM_CAP_DEFERRED_RELEASE)
+ *   copy (minor 4)                      NXMEM_CAP_COPY
  *
  * enqueue_release: hands the allocation over; it retires later. `ticket` is the host's. From
  *         then on deallocate and release_allocation of it are UNKNOWN_ALLOCATION (ABI.md D9).
@@ -727,7 +863,7 @@ typedef NxmemStatusCode (*NxmemQueryUsageFn)(NxmemAllocatorVtable *self, NxmemAl
  *         from release_completed) returns OK at once with *retired = 0 and never blocks (D11).
  * release_allocation: releases and reports an NxmemReleaseOutcome. On FAILED nothing changed.
  * query_usage: writes what the allocator holds now into `usage` (see NxmemAllocatorUsage). */
-/* @layout NxmemAllocatorVtable size=136 align=8 since=0 */
+/* @layout NxmemAllocatorVtable size=152 align=8 since=0 */
 struct NxmemAllocatorVtable {
     uint32_t struct_size;                       /* @field struct_size offset=0 size=4 since=0 */
     uint32_t abi_minor;                         /* @field abi_minor offset=4 size=4 since=0 */
@@ -750,6 +886,9 @@ struct NxmemAllocatorVtable {
     NxmemQueryUsageFn query_usage;              /* @field query_usage offset=120 size=8 since=2 */
     /* ---- minor 3 ---- */
     const NxmemIpcVtable *ipc;                  /* @field ipc offset=128 size=8 since=3 */
+    /* ---- minor 4 ---- */
+    const NxmemFencedReleaseVtable *fenced_release; /* @field fenced_release offset=136 size=8 since=4 */
+    const NxmemCopyVtable *copy;                /* @field copy offset=144 size=8 since=4 */
 };
 
 /* Factory slots. */

@@ -57,6 +57,18 @@ struct driver_api {
     PFN_cuMemMap_v10020 mem_map = nullptr;
     PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
     PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
+    // Copies and stream order (ABI minor 4, stream_order.hpp).
+    PFN_cuMemcpyDtoH_v3020 memcpy_dtoh = nullptr;
+    PFN_cuMemcpyHtoD_v3020 memcpy_htod = nullptr;
+    PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async = nullptr;
+    PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async = nullptr;
+    PFN_cuEventCreate_v2000 event_create = nullptr;
+    PFN_cuEventRecord_v2000 event_record = nullptr;
+    PFN_cuEventQuery_v2000 event_query = nullptr;
+    PFN_cuEventDestroy_v4000 event_destroy = nullptr;
+    PFN_cuStreamCreate_v2000 stream_create = nullptr;
+    PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
+    PFN_cuStreamWaitEvent_v3020 stream_wait_event = nullptr;
 };
 
 // The entry points sharing across processes needs (cuda-vmm's IPC), resolved apart: a driver
@@ -130,7 +142,7 @@ public:
     }
 
     // Asks the driver for `symbol` as CUDA `version` defined it (for entry points beyond
-    // driver_api, such as the copies the GPU tests use).
+    // driver_api, such as the host functions the GPU tests queue).
     template <class Function>
     result<void> entry(const std::string& who, const char* symbol, int version, Function& slot) {
         void* found = nullptr;
@@ -199,6 +211,17 @@ private:
         NXMEM_TRY_VOID(entry(who, "cuMemMap", 10020, api_.mem_map));
         NXMEM_TRY_VOID(entry(who, "cuMemUnmap", 10020, api_.mem_unmap));
         NXMEM_TRY_VOID(entry(who, "cuMemSetAccess", 10020, api_.mem_set_access));
+        NXMEM_TRY_VOID(entry(who, "cuMemcpyDtoH", 3020, api_.memcpy_dtoh));
+        NXMEM_TRY_VOID(entry(who, "cuMemcpyHtoD", 3020, api_.memcpy_htod));
+        NXMEM_TRY_VOID(entry(who, "cuMemcpyDtoHAsync", 3020, api_.memcpy_dtoh_async));
+        NXMEM_TRY_VOID(entry(who, "cuMemcpyHtoDAsync", 3020, api_.memcpy_htod_async));
+        NXMEM_TRY_VOID(entry(who, "cuEventCreate", 2000, api_.event_create));
+        NXMEM_TRY_VOID(entry(who, "cuEventRecord", 2000, api_.event_record));
+        NXMEM_TRY_VOID(entry(who, "cuEventQuery", 2000, api_.event_query));
+        NXMEM_TRY_VOID(entry(who, "cuEventDestroy", 4000, api_.event_destroy));
+        NXMEM_TRY_VOID(entry(who, "cuStreamCreate", 2000, api_.stream_create));
+        NXMEM_TRY_VOID(entry(who, "cuStreamDestroy", 4000, api_.stream_destroy));
+        NXMEM_TRY_VOID(entry(who, "cuStreamWaitEvent", 3020, api_.stream_wait_event));
         resolve_sharing(who);
         return boost::outcome_v2::success();
     }

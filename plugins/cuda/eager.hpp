@@ -2,13 +2,18 @@
 //   allocate  cuMemAlloc with the device's primary context current; an alignment above the
 //             driver's 256 bytes is met by over-allocating by (alignment - 256) and handing out
 //             the aligned address inside (the base is remembered for cuMemFree)
-//   release   cuMemFree
+//   release   cuMemFree; a deferred release retires at the next drain, a fenced one (minor 4)
+//             once its fences have completed (stream_order.hpp): until then the memory stays
+//             allocated, so nothing queued before the fence can write into a next owner's memory
+//   copy      cuMemcpyDtoH / cuMemcpyHtoD, or their Async forms on a CUDA_STREAM fence's stream
 // It costs (mapped_bytes, budget) exactly the bytes asked of cuMemAlloc.
 #pragma once
 
 #include "../posix/budget.hpp"
+#include "../posix/retire_now.hpp"
 #include "device_context.hpp"
 #include "settings.hpp"
+#include "stream_order.hpp"
 
 #include <nxmem/plugin.hpp>
 #include <nxmem/usage.hpp>
@@ -21,7 +26,7 @@
 
 namespace nxmem::cuda {
 
-class eager_mechanism {
+class eager_mechanism : public stream_ordered {
 public:
     static constexpr const char* name = "cuda-eager";
     static constexpr std::uint64_t mechanism_id = 0x43554401; // "CUD" 1
@@ -31,8 +36,8 @@ public:
     static constexpr std::uint64_t driver_alignment = 256;
 
     eager_mechanism(const settings& taken, const plugin::open_context& context,
-                    std::unique_ptr<device_context> device)
-        : device_(std::move(device)),
+                    std::shared_ptr<device_context> device)
+        : stream_ordered(device), device_(std::move(device)),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     eager_mechanism(const eager_mechanism&) = delete;
@@ -67,6 +72,12 @@ public:
         reserved_bytes_.fetch_sub(record.size, std::memory_order_relaxed);
         mapped_bytes_.fetch_sub(cost, std::memory_order_relaxed);
         return plugin::release_outcome{NXMEM_RELEASE_COMPLETE, cost, 0};
+    }
+
+    // Deferred release retires at once, as release does; a fenced one is asked only once its
+    // fences have completed.
+    result<std::optional<plugin::release_outcome>> retire(const plugin::allocation_record& record) {
+        return posix::retired_now(release_allocation(record));
     }
 
     // Usage query (minor 2), read from atomic totals.
@@ -133,7 +144,7 @@ private:
         }
     }
 
-    std::unique_ptr<device_context> device_;
+    std::shared_ptr<device_context> device_;
     posix::byte_budget budget_;
     std::mutex bases_mutex_; // guards bases_: only over-aligned allocations take it
     std::unordered_map<std::uint64_t, CUdeviceptr> bases_;

@@ -19,7 +19,12 @@
 //   import (prefix)       the handle checked (sharing.hpp), cuMemImportFromShareableHandle, its
 //                         size proved by one mapping into a scratch reservation; a local prefix
 //   release               unmap and release every private chunk, unmap the prefix, then
-//                         cuMemAddressFree
+//                         cuMemAddressFree; a fenced release (minor 4) only once its fences have
+//                         completed (stream_order.hpp)
+//   copy                  cuMemcpyDtoH / cuMemcpyHtoD over committed memory (the prefix's
+//                         included), or their Async forms on a CUDA_STREAM fence's stream; a
+//                         shared prefix through a window of its own: one cuMemAddressReserve +
+//                         cuMemMap + cuMemSetAccess on its first copy, undone when it goes
 // Every call runs with the device's primary context current.
 //
 // Ranges: the offset is a multiple of the chunk and the length too, or it reaches the end of the
@@ -51,6 +56,7 @@
 #include "device_context.hpp"
 #include "settings.hpp"
 #include "sharing.hpp"
+#include "stream_order.hpp"
 
 #include <nxmem/detail/sharded_table.hpp>
 #include <nxmem/plugin.hpp>
@@ -74,7 +80,7 @@ using posix::page_run; // [first, end) chunk indices here
 using posix::page_runs;
 using posix::round_up;
 
-class vmm_mechanism {
+class vmm_mechanism : public stream_ordered {
 public:
     static constexpr const char* name = "cuda-vmm";
     static constexpr std::uint64_t mechanism_id = 0x43554402; // "CUD" 2
@@ -82,8 +88,8 @@ public:
     static constexpr bool uses_host_reclaim = true; // when a budget is set
 
     vmm_mechanism(const settings& taken, const plugin::open_context& context,
-                  std::unique_ptr<device_context> device, std::uint64_t granularity)
-        : device_(std::move(device)), sharing_(*device_), chunk_(granularity),
+                  std::shared_ptr<device_context> device, std::uint64_t granularity)
+        : stream_ordered(device), device_(std::move(device)), sharing_(*device_), chunk_(granularity),
           budget_(taken.budget, context.host, mechanism_id, context.device, name) {}
 
     vmm_mechanism(const vmm_mechanism&) = delete;
@@ -177,6 +183,29 @@ public:
         return posix::retired_now(release_allocation(record));
     }
 
+    // ---- copies (minor 4; the rest is stream_ordered's) ----
+
+    // A prefix is reached through a window of its own, mapped on its first copy (it need not be
+    // mapped into any allocation) and kept until the prefix goes; it costs address space only.
+    result<void> copy_prefix(std::uint64_t prefix_id, const plugin::copy_job& job) {
+        NXMEM_TRY(shared, prefixes_.find(prefix_id, name));
+        NXMEM_TRY(window, window_of(*shared));
+        return copy_at(window + job.offset, job);
+    }
+
+    // Whether every chunk the bytes touch is committed, or lies under the mapped prefix.
+    bool range_committed(const plugin::allocation_record& record, byte_range range) const {
+        result<std::shared_ptr<reservation>> held = reservations_.find(
+            record.address, [&](const std::shared_ptr<reservation>* found) { return matches(record, found); });
+        if (!held || range.length == 0) {
+            return held.has_value();
+        }
+        std::lock_guard lock(held.value()->mutex);
+        const std::uint64_t first = std::max(range.offset / chunk_, held.value()->prefix_chunks);
+        const std::uint64_t end = (range.offset + range.length + chunk_ - 1) / chunk_;
+        return first >= end || held.value()->committed.uncommitted_within(first, end).empty();
+    }
+
     // ---- virtual backing ----
 
     result<void> commit(const plugin::allocation_record& record, byte_range range) {
@@ -267,7 +296,13 @@ public:
         }
         // Its last mapping went with its last sharer: releasing the handle frees the memory (an
         // imported one: this process's hold on it; the exporter and other importers keep theirs).
-        (void)device_->current([&] { return release_handle(gone->physical); });
+        (void)device_->current([&]() -> result<void> {
+            if (gone->window != 0) {
+                (void)unmap_range(gone->window, gone->length);
+                (void)device_->api().mem_address_free(gone->window, static_cast<std::size_t>(gone->length));
+            }
+            return release_handle(gone->physical);
+        });
         if (gone->imported) {
             imported_bytes_.fetch_sub(gone->length, std::memory_order_relaxed);
         } else {
@@ -376,6 +411,8 @@ private:
         std::atomic<bool> ever_mapped{false};
         bool imported = false;  // from another process: imported bytes, never charged here
         bool read_only = false; // mapped with CU_MEM_ACCESS_FLAGS_PROT_READ
+        std::mutex window_mutex; // guards window
+        CUdeviceptr window = 0;  // where copies reach it (mapped on the first copy), or 0
     };
 
     struct reservation {
@@ -635,6 +672,32 @@ private:
         return boost::outcome_v2::success();
     }
 
+    result<CUdeviceptr> window_of(prefix_memory& shared) const {
+        std::lock_guard lock(shared.window_mutex);
+        if (shared.window != 0) {
+            return shared.window;
+        }
+        return device_->current([&]() -> result<CUdeviceptr> {
+            CUdeviceptr window = 0;
+            NXMEM_TRY_VOID(device_->check(
+                device_->api().mem_address_reserve(&window, static_cast<std::size_t>(shared.length), 0, 0, 0),
+                [&] { return std::string(name) + ": cuMemAddressReserve of a prefix's copy window"; }));
+            result<void> mapped = map_physical(window, shared.length, shared.physical);
+            if (mapped) {
+                mapped = allow_access(window, shared.length, shared.read_only);
+                if (!mapped) {
+                    (void)unmap_range(window, shared.length);
+                }
+            }
+            if (!mapped) {
+                (void)device_->api().mem_address_free(window, static_cast<std::size_t>(shared.length));
+                return boost::outcome_v2::failure(std::move(mapped).error());
+            }
+            shared.window = window;
+            return window;
+        });
+    }
+
     // An imported handle whose memory is smaller than the handle claims must not pass: it is
     // mapped whole once into a scratch reservation, which the driver refuses beyond its memory.
     result<void> prove_length(handle physical, std::uint64_t length) const {
@@ -710,11 +773,12 @@ private:
         return prefix_id;
     }
 
-    std::unique_ptr<device_context> device_;
+    std::shared_ptr<device_context> device_;
     device_sharing sharing_; // refers to *device_
     const std::uint64_t chunk_;
     posix::byte_budget budget_;
-    nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
+    // mutable: a lookup (range_committed is const) takes a shard lock and changes nothing
+    mutable nxmem::detail::sharded_table<std::shared_ptr<reservation>> reservations_;
     posix::prefix_table<prefix_memory> prefixes_;
     std::mutex quarantine_mutex_;
     std::vector<std::shared_ptr<reservation>> quarantine_;

@@ -17,7 +17,9 @@ TEST_CASE("cuda-eager allocates device memory, aligned as asked, and costs it at
     test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
         auto eager = open_or_fail<cuda_device>(module, "cuda-eager");
         CHECK(eager.capabilities() ==
-              (NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY));
+              (NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE | NXMEM_CAP_HOST_RECLAIM |
+               NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_FENCED_RELEASE | NXMEM_CAP_COPY));
+        CHECK(eager.declared_minor() == 4);
         std::vector<allocation<cuda_device>> live;
         std::uint64_t expected_bytes = 0;
         for (std::uint64_t alignment : {1ull, 256ull, 4096ull, 65536ull}) {

@@ -6,12 +6,16 @@
 //   sharing across processes: a prefix read and written by another process (cuda_ipc_peer, next
 //   to this program or named by NXMEM_CUDA_IPC_PEER), export+import+close latency, and what
 //   asking for the POSIX file descriptor handle type costs cuMemCreate
+//   stream order (ABI minor 4): the plugin's copies both ways, synchronous and on a stream, and a
+//   release fenced on a stream whose work is still pending (held by a host function waiting on
+//   a gate) leaving the next owner's bytes alone
 // Without libcuda.so.1 or a device it prints why and exits 77 (skipped). It runs from any
 // directory: the plugin is the first argument (or NXMEM_CUDA_PLUGIN); NXMEM_CUDA_DRIVER, if set,
 // names the driver (the meson smoke run points it at the fake driver).
 #define CATCH_CONFIG_RUNNER
 #include "../../plugins/cuda/driver.hpp"
 #include "cuda_ipc_peer.hpp"
+#include "raw_allocator.hpp"
 
 #include <nxmem/host.hpp>
 #include <nxmem/host/handle_transport.hpp>
@@ -20,11 +24,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -484,6 +490,124 @@ TEST_CASE("what the POSIX file descriptor handle type costs cuMemCreate", "[gpu]
     }
     figure("raw cuMemCreate+cuMemRelease one chunk", timing::of(plain_rounds));
     figure("raw cuMemCreate+cuMemRelease one chunk, POSIX fd handle type", timing::of(exportable_rounds));
+}
+
+namespace {
+
+// A host function that holds its stream until the test opens the gate (work queued after it stays
+// pending, on a real GPU as on the fake).
+struct stream_gate {
+    std::mutex mutex;
+    std::condition_variable opened;
+    bool open = false;
+
+    static void wait(void* user_data) {
+        auto* gate = static_cast<stream_gate*>(user_data);
+        std::unique_lock lock(gate->mutex);
+        gate->opened.wait(lock, [&] { return gate->open; });
+    }
+    void let_go() {
+        {
+            std::lock_guard lock(mutex);
+            open = true;
+        }
+        opened.notify_all();
+    }
+};
+
+// The stream calls beyond the plugin's driver_api.
+struct stream_calls {
+    PFN_cuLaunchHostFunc_v10000 launch_host_func = nullptr;
+    PFN_cuMemsetD8Async_v3020 memset_async = nullptr;
+    PFN_cuStreamSynchronize_v2000 stream_synchronize = nullptr;
+
+    stream_calls() {
+        REQUIRE(raw.loaded->entry("cuda_gpu_tests", "cuLaunchHostFunc", 10000, launch_host_func));
+        REQUIRE(raw.loaded->entry("cuda_gpu_tests", "cuMemsetD8Async", 3020, memset_async));
+        REQUIRE(raw.loaded->entry("cuda_gpu_tests", "cuStreamSynchronize", 2000, stream_synchronize));
+    }
+};
+
+CUstream new_stream() {
+    CUstream made = nullptr;
+    raw.require(raw.api().stream_create(&made, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    return made;
+}
+
+NxmemFence stream_fence(CUstream stream) { return test::cuda_fence(NXMEM_FENCE_CUDA_STREAM, stream); }
+
+} // namespace
+
+TEST_CASE("the plugin copies both ways, synchronously and on a stream", "[gpu][copy]") {
+    const stream_calls calls;
+    const char* mechanism = GENERATE("cuda-eager", "cuda-vmm");
+    INFO(mechanism);
+    test::raw_allocator allocator(plugin_path, mechanism);
+    const std::uint64_t size = 2 * raw.granularity + 100;
+    const NxmemAllocation live = allocator.allocate(size);
+    if (allocator.table().virtual_backing != nullptr) {
+        allocator.commit_all(live);
+    }
+    std::vector<unsigned char> written(size);
+    for (std::size_t i = 0; i < written.size(); ++i) {
+        written[i] = static_cast<unsigned char>(i * 13 + 1);
+    }
+    std::vector<unsigned char> read(size, 0);
+    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_FROM_HOST, live, 0, size, written.data())) ==
+            NXMEM_STATUS_OK);
+    raw.require(raw.copy_to_host(read.data(), live.address, read.size()), "cuMemcpyDtoH");
+    CHECK(read == written);
+    std::fill(read.begin(), read.end(), 0);
+    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_TO_HOST, live, 0, size, read.data())) == NXMEM_STATUS_OK);
+    CHECK(read == written);
+
+    CUstream stream = new_stream();
+    const NxmemFence on_stream = stream_fence(stream);
+    std::vector<unsigned char> later(1000, 0x3C);
+    std::vector<unsigned char> read_later(later.size(), 0);
+    const std::uint64_t offset = raw.granularity - 500; // across a chunk boundary
+    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_FROM_HOST, live, offset, later.size(), later.data(),
+                                              &on_stream)) == NXMEM_STATUS_OK);
+    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_TO_HOST, live, offset, read_later.size(),
+                                              read_later.data(), &on_stream)) == NXMEM_STATUS_OK);
+    raw.require(calls.stream_synchronize(stream), "cuStreamSynchronize");
+    CHECK(read_later == later);
+    raw.require(raw.api().stream_destroy(stream), "cuStreamDestroy");
+    allocator.deallocate(live);
+}
+
+TEST_CASE("a release fenced on a stream waits for the stream's work: the next owner keeps its bytes",
+          "[gpu][fenced]") {
+    const stream_calls calls;
+    constexpr std::uint64_t block = 1 * mib;
+    test::raw_allocator eager(plugin_path, "cuda-eager");
+    CUstream kernel_stream = new_stream();
+    CUstream owner_stream = new_stream();
+    stream_gate gate;
+    raw.require(calls.launch_host_func(kernel_stream, &stream_gate::wait, &gate), "cuLaunchHostFunc");
+
+    const NxmemAllocation first = eager.allocate(block);
+    raw.require(calls.memset_async(first.address, 'X', block, kernel_stream), "cuMemsetD8Async"); // the kernel
+    const std::uint64_t ticket = eager.release_after(first, {stream_fence(kernel_stream)});
+    CHECK(eager.drain().empty()); // the kernel is held behind the gate
+
+    const NxmemAllocation second = eager.allocate(block);
+    CHECK(second.address != first.address);
+    std::vector<unsigned char> mine(block, 'Y');
+    const NxmemFence on_owner_stream = stream_fence(owner_stream);
+    REQUIRE(eager.copy(test::copy_request(NXMEM_COPY_FROM_HOST, second, 0, block, mine.data(), &on_owner_stream)) ==
+            NXMEM_STATUS_OK);
+    raw.require(calls.stream_synchronize(owner_stream), "cuStreamSynchronize");
+
+    gate.let_go();
+    raw.require(calls.stream_synchronize(kernel_stream), "cuStreamSynchronize");
+    std::vector<unsigned char> read(block, 0);
+    REQUIRE(eager.copy(test::copy_request(NXMEM_COPY_TO_HOST, second, 0, block, read.data())) == NXMEM_STATUS_OK);
+    CHECK(read == mine);
+    CHECK(eager.drain() == std::vector<std::uint64_t>{ticket});
+    eager.deallocate(second);
+    raw.require(raw.api().stream_destroy(kernel_stream), "cuStreamDestroy");
+    raw.require(raw.api().stream_destroy(owner_stream), "cuStreamDestroy");
 }
 
 int main(int argc, char* argv[]) {

@@ -19,8 +19,9 @@ TEST_CASE("cuda-vmm commits and decommits chunk by chunk, costing exactly what i
         auto vmm = open_or_fail<cuda_device>(module, "cuda-vmm");
         CHECK(vmm.capabilities() == (NXMEM_CAP_VIRTUAL_BACKING | NXMEM_CAP_SHARED_MAPPING |
                                      NXMEM_CAP_DEFERRED_RELEASE | NXMEM_CAP_STRUCTURED_RELEASE |
-                                     NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_IPC));
-        CHECK(vmm.declared_minor() == 3);
+                                     NXMEM_CAP_HOST_RECLAIM | NXMEM_CAP_USAGE_QUERY | NXMEM_CAP_IPC |
+                                     NXMEM_CAP_FENCED_RELEASE | NXMEM_CAP_COPY));
+        CHECK(vmm.declared_minor() == 4);
         auto backing = value_or_fail(vmm.virtual_backing());
         CHECK(backing.commit_granularity() == chunk); // the device's allocation granularity
 

@@ -100,6 +100,16 @@ struct capability_pair {
     F(struct_size, 3, header) F(kind, 3, data) F(mechanism_id, 3, data) F(device, 3, data) \
     F(import_id, 3, data) F(address, 3, data) F(size, 3, data) F(access, 3, data) \
     F(reserved, 3, data) F(prefix, 3, data) F(mapped_bytes, 3, data)
+#define NXMEM_ABI_FIELDS_NxmemFence(F) \
+    F(struct_size, 4, header) F(kind, 4, data) F(device, 4, data) F(handle, 4, data) \
+    F(value, 4, data)
+#define NXMEM_ABI_FIELDS_NxmemFencedReleaseRequest(F) \
+    F(struct_size, 4, header) F(fence_count, 4, data) F(allocation, 4, data) F(ticket, 4, data) \
+    F(fences, 4, data) F(fence_stride, 4, data) F(reserved, 4, data)
+#define NXMEM_ABI_FIELDS_NxmemCopyRequest(F) \
+    F(struct_size, 4, header) F(direction, 4, data) F(target, 4, data) F(reserved, 4, data) \
+    F(allocation, 4, data) F(prefix, 4, data) F(offset, 4, data) F(length, 4, data) \
+    F(host_buffer, 4, data) F(stream, 4, data)
 #define NXMEM_ABI_FIELDS_NxmemVersionRange(F) \
     F(struct_size, 0, header) F(major, 0, data) F(min_minor, 0, data) F(max_minor, 0, data)
 #define NXMEM_ABI_FIELDS_NxmemNegotiateRequest(F) \
@@ -126,6 +136,12 @@ struct capability_pair {
     F(struct_size, 3, header) F(abi_minor, 3, header) F(type_tag, 3, header) F(reserved, 3, data) \
     F(export_handle, 3, required_slot) F(import_handle, 3, required_slot) \
     F(close_import, 3, required_slot)
+#define NXMEM_ABI_FIELDS_NxmemFencedReleaseVtable(F) \
+    F(struct_size, 4, header) F(abi_minor, 4, header) F(type_tag, 4, header) F(reserved, 4, data) \
+    F(enqueue_fenced_release, 4, required_slot) F(fence_kinds, 4, data)
+#define NXMEM_ABI_FIELDS_NxmemCopyVtable(F) \
+    F(struct_size, 4, header) F(abi_minor, 4, header) F(type_tag, 4, header) F(reserved, 4, data) \
+    F(copy, 4, required_slot) F(stream_kinds, 4, data)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(capabilities, 0, data) F(mechanism_id, 0, data) F(device, 0, data) \
@@ -133,7 +149,8 @@ struct capability_pair {
     F(release, 0, required_slot) F(virtual_backing, 0, capability_table) \
     F(shared_mapping, 0, capability_table) F(enqueue_release, 0, optional_slot) \
     F(drain_releases, 0, optional_slot) F(release_allocation, 1, optional_slot) \
-    F(query_usage, 2, optional_slot) F(ipc, 3, capability_table)
+    F(query_usage, 2, optional_slot) F(ipc, 3, capability_table) \
+    F(fenced_release, 4, capability_table) F(copy, 4, capability_table)
 #define NXMEM_ABI_FIELDS_NxmemAllocatorFactoryVtable(F) \
     F(struct_size, 0, header) F(abi_minor, 0, header) F(type_tag, 0, header) F(reserved, 0, data) \
     F(name, 0, data) F(mechanism_id, 0, data) F(device_types, 0, data) \
@@ -147,11 +164,14 @@ struct capability_pair {
     S(NxmemUnloadReport, 0) S(NxmemAllocatorUsage, 0) S(NxmemSharedPrefixHandle, 0) S(NxmemSharedPrefixRequest, 0) \
     S(NxmemSharedPrefixCommitRequest, 0) S(NxmemSharedPrefixCommitInfo, 0) \
     S(NxmemIpcHandle, 0) S(NxmemExportRequest, 0) S(NxmemImportRequest, 0) S(NxmemImport, 0) \
+    S(NxmemFence, 0) S(NxmemFencedReleaseRequest, 0) S(NxmemCopyRequest, 0) \
     S(NxmemVersionRange, 0) S(NxmemNegotiateRequest, 0) S(NxmemNegotiateResponse, 0) \
     S(NxmemHostCallbacks, NXMEM_TYPE_TAG_HOST_CALLBACKS) S(NxmemOpenRequest, 0) \
     S(NxmemVirtualBackingVtable, NXMEM_TYPE_TAG_VIRTUAL_BACKING) \
     S(NxmemSharedMappingVtable, NXMEM_TYPE_TAG_SHARED_MAPPING) \
     S(NxmemIpcVtable, NXMEM_TYPE_TAG_IPC) \
+    S(NxmemFencedReleaseVtable, NXMEM_TYPE_TAG_FENCED_RELEASE) \
+    S(NxmemCopyVtable, NXMEM_TYPE_TAG_COPY) \
     S(NxmemAllocatorVtable, NXMEM_TYPE_TAG_ALLOCATOR) \
     S(NxmemAllocatorFactoryVtable, NXMEM_TYPE_TAG_ALLOCATOR_FACTORY)
 // clang-format on
@@ -235,7 +255,7 @@ template <class T> constexpr const field_info* find_field(std::string_view name)
 }
 
 // Optional capabilities of the allocator table: each flag, its minor, and the slots or table behind it.
-inline constexpr std::array<capability_pair, 7> allocator_capabilities{{
+inline constexpr std::array<capability_pair, 9> allocator_capabilities{{
     {"NXMEM_CAP_VIRTUAL_BACKING", NXMEM_CAP_VIRTUAL_BACKING, 0, {"virtual_backing", ""}},
     {"NXMEM_CAP_SHARED_MAPPING", NXMEM_CAP_SHARED_MAPPING, 0, {"shared_mapping", ""}},
     {"NXMEM_CAP_DEFERRED_RELEASE", NXMEM_CAP_DEFERRED_RELEASE, 0, {"enqueue_release", "drain_releases"}},
@@ -243,6 +263,8 @@ inline constexpr std::array<capability_pair, 7> allocator_capabilities{{
     {"NXMEM_CAP_HOST_RECLAIM", NXMEM_CAP_HOST_RECLAIM, 0, {"", ""}},
     {"NXMEM_CAP_USAGE_QUERY", NXMEM_CAP_USAGE_QUERY, 2, {"query_usage", ""}},
     {"NXMEM_CAP_IPC", NXMEM_CAP_IPC, 3, {"ipc", ""}},
+    {"NXMEM_CAP_FENCED_RELEASE", NXMEM_CAP_FENCED_RELEASE, 4, {"fenced_release", ""}},
+    {"NXMEM_CAP_COPY", NXMEM_CAP_COPY, 4, {"copy", ""}},
 }};
 
 // The capability flags defined at or below `minor` (by this header's knowledge): what a sender may
@@ -258,9 +280,11 @@ static_assert(capabilities_at_minor(0) == NXMEM_CAP_ALL_V1_0);
 static_assert(capabilities_at_minor(1) == NXMEM_CAP_ALL_V1_1);
 static_assert(capabilities_at_minor(2) == NXMEM_CAP_ALL_V1_2);
 static_assert(capabilities_at_minor(3) == NXMEM_CAP_ALL_V1_3);
+static_assert(capabilities_at_minor(4) == NXMEM_CAP_ALL_V1_4);
 static_assert(capabilities_at_minor(NXMEM_ABI_MINOR) == NXMEM_CAP_ALL_V1);
 static_assert(NXMEM_CAPS_AT_MINOR(0u) == NXMEM_CAP_ALL_V1_0 && NXMEM_CAPS_AT_MINOR(1u) == NXMEM_CAP_ALL_V1_1 &&
               NXMEM_CAPS_AT_MINOR(2u) == NXMEM_CAP_ALL_V1_2 &&
-              NXMEM_CAPS_AT_MINOR(3u) == NXMEM_CAP_ALL_V1_3 && NXMEM_CAPS_AT_MINOR(7u) == NXMEM_CAP_ALL_V1);
+              NXMEM_CAPS_AT_MINOR(3u) == NXMEM_CAP_ALL_V1_3 &&
+              NXMEM_CAPS_AT_MINOR(4u) == NXMEM_CAP_ALL_V1_4 && NXMEM_CAPS_AT_MINOR(7u) == NXMEM_CAP_ALL_V1);
 
 } // namespace nxmem::abi

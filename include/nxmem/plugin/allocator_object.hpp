@@ -9,6 +9,7 @@
 // ("What the kit costs per call") has the figures.
 #pragma once
 
+#include <nxmem/abi/fence.hpp>
 #include <nxmem/abi/ipc_handle.hpp>
 #include <nxmem/abi/request.hpp>
 #include <nxmem/detail/hex.hpp>
@@ -29,6 +30,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 
 namespace nxmem::plugin {
@@ -159,6 +161,24 @@ private:
             if (level >= abi::ipc_minor && (table.capabilities & NXMEM_CAP_IPC) != 0) {
                 static constexpr NxmemIpcVtable ipc = make_ipc_table();
                 table.ipc = &ipc;
+            }
+        }
+        if constexpr (offers_fenced_release<M>) {
+            // F2: a fenced release is a deferred release with fences; without deferred release (no
+            // release_completed, D10) or without a kind to wait on there is none.
+            const std::uint64_t kinds = fence_kinds_of(*mechanism_);
+            if ((table.capabilities & NXMEM_CAP_DEFERRED_RELEASE) == 0 || kinds == 0) {
+                table.capabilities &= ~NXMEM_CAP_FENCED_RELEASE;
+            }
+            if (level >= abi::stream_minor && (table.capabilities & NXMEM_CAP_FENCED_RELEASE) != 0) {
+                fenced_release_ = make_fenced_release_table(kinds);
+                table.fenced_release = &fenced_release_;
+            }
+        }
+        if constexpr (offers_copy<M>) {
+            if (level >= abi::stream_minor && (table.capabilities & NXMEM_CAP_COPY) != 0) {
+                copy_ = make_copy_table(copy_stream_kinds_of(*mechanism_));
+                table.copy = &copy_;
             }
         }
         shell_.owner = this;
@@ -459,22 +479,196 @@ private:
             allocator_object& object = self(table);
             NXMEM_TRY(described, abi::read_request(raw));
             NXMEM_TRY_VOID(object.check_identity(described.mechanism_id, described.device));
-            std::lock_guard lock(object.queue_mutex_);
-            // The queue's room first: once the record is out of the registry nothing may fail.
-            object.queue_.push_back({ticket, {}});
-            result<allocation_record> record = object.registry_.take(described);
-            if (!record) {
-                object.queue_.pop_back();
-                return boost::outcome_v2::failure(std::move(record).error());
-            }
-            object.queue_.back().record = std::move(record).value();
-            auto cell = object.counts_.this_thread();
-            cell.add(allocator_counts::queued_releases, 1);
-            cell.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
-            cell.add(allocator_counts::unrecorded_reserved_bytes,
-                     static_cast<std::int64_t>(object.queue_.back().record.usable_size));
-            return boost::outcome_v2::success();
+            return object.enqueue(described, ticket, {});
         });
+    }
+
+    // Queues `described` under `ticket`, to retire once `fences` have completed (none: at the
+    // next drain that reaches it).
+    result<void> enqueue(const NxmemAllocation& described, std::uint64_t ticket,
+                         std::vector<std::unique_ptr<pending_work>> fences) {
+        std::lock_guard lock(queue_mutex_);
+        // The queue's room first: once the record is out of the registry nothing may fail.
+        queue_.push_back({ticket, {}, std::move(fences)});
+        result<allocation_record> record = registry_.take(described);
+        if (!record) {
+            queue_.pop_back();
+            return boost::outcome_v2::failure(std::move(record).error());
+        }
+        queue_.back().record = std::move(record).value();
+        auto cell = counts_.this_thread();
+        cell.add(allocator_counts::queued_releases, 1);
+        cell.add(allocator_counts::unrecorded_allocations, 1); // out of the registry
+        cell.add(allocator_counts::unrecorded_reserved_bytes,
+                 static_cast<std::int64_t>(queue_.back().record.usable_size));
+        return boost::outcome_v2::success();
+    }
+
+    // ---- fenced release (minor 4) ----
+
+    // F3: everything is checked before anything is touched: the request's form, the allocation's
+    // identity, each fence's form, kind and device, and that the allocation is live and so
+    // described. Only then does each fence become pending work (the mechanism's watch_fence may
+    // record an event), and the release is queued as by enqueue_release.
+    static NxmemStatusCode slot_enqueue_fenced_release(NxmemAllocatorVtable* table,
+                                                       const NxmemFencedReleaseRequest* raw,
+                                                       NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
+                                                 request.allocation.device));
+            NXMEM_TRY(list, abi::read_fences(request));
+            for (const NxmemFence& wire : list) {
+                NXMEM_TRY_VOID(abi::check_fence_for(wire, object.fenced_release_.fence_kinds,
+                                                    object.device_.to_wire(), M::name));
+            }
+            NXMEM_TRY_VOID(object.registry_.find(request.allocation));
+            std::vector<std::unique_ptr<pending_work>> fences;
+            fences.reserve(list.count);
+            for (const NxmemFence& wire : list) {
+                NXMEM_TRY(work, object.watch(wire));
+                fences.push_back(std::move(work));
+            }
+            return object.enqueue(request.allocation, request.ticket, std::move(fences));
+        });
+    }
+
+    // A checked fence as pending work: the kit's for a host timeline, the mechanism's otherwise.
+    result<std::unique_ptr<pending_work>> watch(const NxmemFence& wire) {
+        if (wire.kind == NXMEM_FENCE_HOST_TIMELINE) {
+            return std::unique_ptr<pending_work>(std::make_unique<host_timeline_work>(wire));
+        }
+        if constexpr (watches_fences<M>) {
+            NXMEM_TRY(work, mechanism_->watch_fence(fence::from_wire(wire)));
+            if (work == nullptr) {
+                return fail(status_code::internal_error,
+                            std::string(M::name) + " watched a fence and returned no pending work");
+            }
+            return work;
+        } else {
+            return fail(status_code::unsupported_capability,
+                        std::string(M::name) + " does not wait on fences of kind " +
+                            std::to_string(wire.kind));
+        }
+    }
+
+    // Whether every fence of a queued release has completed; those that have are dropped, so
+    // each is polled until it completes and never after. Never blocks (D11).
+    static result<bool> fences_completed(std::vector<std::unique_ptr<pending_work>>& fences) {
+        bool all = true;
+        for (std::unique_ptr<pending_work>& work : fences) {
+            if (work == nullptr) {
+                continue;
+            }
+            NXMEM_TRY(done, work->poll());
+            if (done) {
+                work.reset();
+            } else {
+                all = false;
+            }
+        }
+        return all;
+    }
+
+    static NxmemFencedReleaseVtable make_fenced_release_table(std::uint64_t kinds) noexcept {
+        NxmemFencedReleaseVtable fr{};
+        fr.struct_size = sizeof fr;
+        fr.abi_minor = abi::stream_minor;
+        fr.type_tag = NXMEM_TYPE_TAG_FENCED_RELEASE;
+        fr.enqueue_fenced_release = &slot_enqueue_fenced_release;
+        fr.fence_kinds = kinds;
+        return fr;
+    }
+
+    // ---- copies (minor 4) ----
+
+    // CP1-CP4: the request's form, the target's identity, the range against the size the host
+    // describes, the stream's kind and device, liveness, committed memory and write access, all
+    // before the mechanism is called: a refused copy touches nothing.
+    static NxmemStatusCode slot_copy(NxmemAllocatorVtable* table, const NxmemCopyRequest* raw,
+                                     NxmemStatus* status) noexcept {
+        return detail::run_slot(status, [&]() -> result<void> {
+            allocator_object& object = self(table);
+            NXMEM_TRY(request, abi::read_request(raw));
+            const bool to_allocation = request.target == NXMEM_COPY_ALLOCATION;
+            if (to_allocation) {
+                NXMEM_TRY_VOID(object.check_identity(request.allocation.mechanism_id,
+                                                     request.allocation.device));
+            } else if (request.target == NXMEM_COPY_PREFIX) {
+                NXMEM_TRY_VOID(object.check_prefix(request.prefix));
+            }
+            NXMEM_TRY_VOID(abi::check_copy_form(request, to_allocation ? request.allocation.size
+                                                                       : request.prefix.size));
+            copy_job job{request.direction, request.offset, request.length, request.host_buffer, {}};
+            if (request.stream != nullptr) {
+                NXMEM_TRY(stream, abi::read_request(request.stream));
+                NXMEM_TRY_VOID(abi::check_fence_for(stream, object.copy_.stream_kinds,
+                                                    object.device_.to_wire(),
+                                                    std::string(M::name) + "'s copy"));
+                job.stream = fence::from_wire(stream);
+            }
+            return to_allocation ? object.copy_allocation(request.allocation, job)
+                                 : object.copy_prefix(request.prefix, job);
+        });
+    }
+
+    result<void> copy_allocation(const NxmemAllocation& described, const copy_job& job) {
+        if constexpr (copies_allocations<M>) {
+            NXMEM_TRY(record, registry_.find(described));
+            if constexpr (offers_virtual_backing<M>) {
+                if (job.length != 0 && !mechanism_->range_committed(record, {job.offset, job.length})) {
+                    return fail(status_code::invalid_argument,
+                                "copy range [" + std::to_string(job.offset) + ", +" +
+                                    std::to_string(job.length) + ") of allocation " +
+                                    std::to_string(record.allocation_id) +
+                                    " is not all committed");
+                }
+            }
+            if (job.length == 0) {
+                return success();
+            }
+            return mechanism_->copy(record, job);
+        } else {
+            return fail(status_code::unsupported_capability,
+                        std::string(M::name) + " copies shared prefixes only");
+        }
+    }
+
+    result<void> copy_prefix(const NxmemSharedPrefixHandle& described, const copy_job& job) {
+        if constexpr (copies_prefixes<M>) {
+            {
+                std::lock_guard lock(prefix_mutex_);
+                auto found = prefix_references_.find(described.prefix_id);
+                if (found == prefix_references_.end() || found->second.size != described.size) {
+                    return fail(status_code::invalid_argument,
+                                "no live shared prefix with id " + std::to_string(described.prefix_id) +
+                                    " and size " + std::to_string(described.size));
+                }
+                if (job.direction == NXMEM_COPY_FROM_HOST && found->second.read_only) {
+                    return fail(status_code::invalid_argument,
+                                "shared prefix " + std::to_string(described.prefix_id) +
+                                    " was imported read-only: nothing is copied into it");
+                }
+            }
+            if (job.length == 0) {
+                return success();
+            }
+            return mechanism_->copy_prefix(described.prefix_id, job);
+        } else {
+            return fail(status_code::unsupported_capability,
+                        std::string(M::name) + " copies allocations only");
+        }
+    }
+
+    static NxmemCopyVtable make_copy_table(std::uint64_t stream_kinds) noexcept {
+        NxmemCopyVtable cp{};
+        cp.struct_size = sizeof cp;
+        cp.abi_minor = abi::stream_minor;
+        cp.type_tag = NXMEM_TYPE_TAG_COPY;
+        cp.copy = &slot_copy;
+        cp.stream_kinds = stream_kinds;
+        return cp;
     }
 
     // Retires queued releases in enqueue order. Only one drain runs at a time per allocator (a
@@ -511,13 +705,18 @@ private:
         for (;;) {
             // Only the drain removes entries, and a deque's push_back keeps references: the front
             // stays put while it is retired, read in place (a copy could run out of memory).
-            const queued_release* front = nullptr;
+            queued_release* front = nullptr;
             {
                 std::lock_guard lock(queue_mutex_);
                 if (queue_.empty()) {
                     return boost::outcome_v2::success();
                 }
                 front = &queue_.front();
+            }
+            // F4: a release whose fences are pending stops the drain there; retire is not asked.
+            NXMEM_TRY(fenced_off, fences_completed(front->fences));
+            if (!fenced_off) {
+                return boost::outcome_v2::success();
             }
             NXMEM_TRY(outcome, retire(front->record));
             if (!outcome) {
@@ -704,7 +903,7 @@ private:
             {
                 std::lock_guard lock(object.prefix_mutex_);
                 object.prefix_references_[prefix_id] =
-                    prefix_state{1, request.size, object.prefix_cost(request.size), 0, false, 0};
+                    prefix_state{1, request.size, object.prefix_cost(request.size), 0, false, 0, false};
             }
             this_module().live_shared_prefixes.fetch_add(1);
             auto handle = abi::make_struct<NxmemSharedPrefixHandle>();
@@ -981,7 +1180,8 @@ private:
         try {
             std::lock_guard lock(prefix_mutex_);
             // The import's: never costed here, its bytes imported bytes while it lives (IP10).
-            prefix_references_[made.prefix_id] = prefix_state{1, handle.size, 0, 0, false, made.mapped_bytes};
+            prefix_references_[made.prefix_id] = prefix_state{
+                1, handle.size, 0, 0, false, made.mapped_bytes, request.access == NXMEM_IPC_READ_ONLY};
             imports_[request.import_id] = {NXMEM_IPC_PREFIX, made.prefix_id, 0, handle.size,
                                            made.mapped_bytes, request.access};
         } catch (...) {
@@ -1116,10 +1316,13 @@ private:
     struct queued_release {
         std::uint64_t ticket = 0;
         allocation_record record;
+        std::vector<std::unique_ptr<pending_work>> fences; // not yet completed (minor 4)
     };
 
     detail::allocator_shell shell_{};
     NxmemVirtualBackingVtable virtual_backing_{}; // per allocator: its granularity is its own
+    NxmemFencedReleaseVtable fenced_release_{};   // per allocator: the kinds it waits on
+    NxmemCopyVtable copy_{};                      // per allocator: the streams it copies on
     std::atomic<std::uint32_t> references_{1};
     std::unique_ptr<M> mechanism_;
     host_link host_;
@@ -1143,6 +1346,7 @@ private:
         std::uint64_t sharers = 0;
         bool ever_mapped = false;
         std::uint64_t imported_bytes = 0;
+        bool read_only = false; // imported read-only: no copy into it (CP3)
     };
     std::unordered_map<std::uint64_t, prefix_state> prefix_references_;
     std::unordered_map<std::uint64_t, import_record> imports_; // by import id, under prefix_mutex_

@@ -7,6 +7,7 @@
 #include <nxmem/allocation.hpp>
 #include <nxmem/concepts/shared_mapping.hpp>
 #include <nxmem/device.hpp>
+#include <nxmem/plugin/fences.hpp>
 #include <nxmem/plugin/host_link.hpp>
 #include <nxmem/plugin/options.hpp>
 #include <nxmem/usage.hpp>
@@ -265,6 +266,78 @@ concept states_commit_granularity = offers_virtual_backing<M> && requires {
     static_cast<member_function<M, std::uint64_t() const>>(&M::commit_granularity);
 };
 
+// NXMEM_CAP_FENCED_RELEASE (minor 4): a queued release that retires only after its fences have
+// completed, through the same queue, in enqueue order (retire is asked only then). A mechanism
+// opts in with `static constexpr bool accepts_host_timeline_fences = true;` (the kit waits on
+// HOST_TIMELINE fences itself), with the pair below for other kinds, or both.
+template <class M>
+concept accepts_host_timeline_fences = requires {
+    requires M::accepts_host_timeline_fences;
+};
+// The hook for device fences: `watched_fence_kinds()` says which kinds (bits 1 << kind; the
+// HOST_TIMELINE bit is the kit's and ignored here), and `watch_fence` turns one checked fence of
+// those kinds into pending work the kit polls at each drain (a CUDA stream fence: an event recorded
+// on the stream now, queried by poll). Called while the release is enqueued, before the allocation
+// leaves the registry; a failure refuses the release and nothing is queued.
+template <class M>
+concept watches_fences = requires {
+    static_cast<member_function<M, result<std::unique_ptr<pending_work>>(const fence&)>>(&M::watch_fence);
+    static_cast<member_function<M, std::uint64_t() const>>(&M::watched_fence_kinds);
+};
+template <class M>
+concept offers_fenced_release =
+    offers_deferred_release<M> && (accepts_host_timeline_fences<M> || watches_fences<M>);
+
+// The fence kinds one allocator of M waits on (fence_kinds of its table).
+template <class M> std::uint64_t fence_kinds_of(const M& mechanism) {
+    std::uint64_t kinds = 0;
+    if constexpr (accepts_host_timeline_fences<M>) {
+        kinds |= abi::fence_kind_bit(NXMEM_FENCE_HOST_TIMELINE);
+    }
+    if constexpr (watches_fences<M>) {
+        kinds |= mechanism.watched_fence_kinds() & abi::known_fence_kinds &
+                 ~abi::fence_kind_bit(NXMEM_FENCE_HOST_TIMELINE);
+    }
+    return kinds;
+}
+
+// NXMEM_CAP_COPY (minor 4): copies between memory and the host, after the kit has checked the
+// request (form, identity, range, liveness, committed memory, write access). Allocations:
+// `result<void> copy(const allocation_record&, const copy_job&)`; shared prefixes (the mechanism's
+// own or imported): `result<void> copy_prefix(std::uint64_t prefix_id, const copy_job&)`.
+template <class M>
+concept copies_allocations = mechanism<M> && requires {
+    static_cast<member_function<M, result<void>(const allocation_record&, const copy_job&)>>(&M::copy);
+};
+template <class M>
+concept copies_prefixes = offers_shared_mapping<M> && requires {
+    static_cast<member_function<M, result<void>(std::uint64_t, const copy_job&)>>(&M::copy_prefix);
+};
+// A virtual-backing mechanism that copies allocations says which ranges are committed
+// (`bool range_committed(const allocation_record&, byte_range) const`, a mapped prefix's pages
+// included): the kit refuses a copy over memory that is not before the mechanism is called.
+template <class M>
+concept tells_committed_ranges = requires {
+    static_cast<member_function<M, bool(const allocation_record&, byte_range) const>>(&M::range_committed);
+};
+template <class M>
+concept offers_copy = (copies_allocations<M> && (!offers_virtual_backing<M> || tells_committed_ranges<M>)) ||
+    copies_prefixes<M>;
+// Asynchronous copies: `std::uint64_t copy_stream_kinds() const`, the fence kinds accepted as a
+// copy's stream (stream_kinds of the table). Without it every copy is synchronous and a request
+// with a stream is refused (UNSUPPORTED_CAPABILITY).
+template <class M>
+concept copies_on_streams = requires {
+    static_cast<member_function<M, std::uint64_t() const>>(&M::copy_stream_kinds);
+};
+template <class M> std::uint64_t copy_stream_kinds_of(const M& mechanism) {
+    if constexpr (copies_on_streams<M>) {
+        return mechanism.copy_stream_kinds() & abi::known_fence_kinds;
+    } else {
+        return 0;
+    }
+}
+
 // NXMEM_CAP_HOST_RECLAIM: the mechanism may call the host's request_reclaim.
 template <class M>
 concept uses_host_reclaim = mechanism<M> && requires {
@@ -348,6 +421,26 @@ template <class M> constexpr bool assert_mechanism() {
                   "`result<imported_allocation> import_allocation(const NxmemIpcHandle&, "
                   "std::uint32_t access)` and `result<void> close_imported_allocation(const "
                   "imported_allocation&)`");
+    static_assert(!requires { &M::copy; } ||
+                      (copies_allocations<M> && (!offers_virtual_backing<M> || tells_committed_ranges<M>)),
+                  "copy is declared but is not `result<void> copy(const allocation_record&, const "
+                  "copy_job&)`, or the mechanism has virtual backing and no `bool range_committed(const "
+                  "allocation_record&, byte_range) const`");
+    static_assert(!requires { &M::copy_prefix; } || copies_prefixes<M>,
+                  "copy_prefix is declared but is not `result<void> copy_prefix(std::uint64_t "
+                  "prefix_id, const copy_job&)` on a mechanism with shared mapping");
+    static_assert(!requires { &M::copy_stream_kinds; } || (copies_on_streams<M> && offers_copy<M>),
+                  "copy_stream_kinds is declared but is not `std::uint64_t copy_stream_kinds() const` "
+                  "on a mechanism that copies");
+    static_assert((!requires { &M::watch_fence; } && !requires { &M::watched_fence_kinds; }) ||
+                      (watches_fences<M> && offers_deferred_release<M>),
+                  "fences are watched in part or with other signatures: it takes both of "
+                  "`result<std::unique_ptr<pending_work>> watch_fence(const fence&)` and "
+                  "`std::uint64_t watched_fence_kinds() const`, on a mechanism with deferred release");
+    static_assert(!requires { M::accepts_host_timeline_fences; } ||
+                      (accepts_host_timeline_fences<M> && offers_deferred_release<M>),
+                  "accepts_host_timeline_fences needs deferred release (retire, or "
+                  "retires_through_release_allocation)");
     return mechanism<M>;
 }
 
@@ -369,6 +462,8 @@ template <mechanism M> constexpr NxmemCapabilities capabilities_of() noexcept {
     flags |= uses_host_reclaim<M> ? NXMEM_CAP_HOST_RECLAIM : 0;
     flags |= offers_usage_query<M> ? NXMEM_CAP_USAGE_QUERY : 0;
     flags |= offers_ipc<M> ? NXMEM_CAP_IPC : 0;
+    flags |= offers_fenced_release<M> ? NXMEM_CAP_FENCED_RELEASE : 0;
+    flags |= offers_copy<M> ? NXMEM_CAP_COPY : 0;
     return flags;
 }
 
@@ -378,7 +473,8 @@ template <class M> constexpr std::uint32_t declared_minor_of() noexcept {
     if constexpr (raw_mechanism<M>) {
         return M::abi_minor;
     } else {
-        return offers_ipc<M>                   ? 3u
+        return offers_fenced_release<M> || offers_copy<M> ? 4u
+               : offers_ipc<M>                 ? 3u
                : offers_usage_query<M>         ? 2u
                : offers_structured_release<M> ? 1u
                                                : 0u;

@@ -7,6 +7,16 @@
 //                                only such a memfd (its name says so) and maps the same pages
 //   cuMemMap / cuMemUnmap        mmap(MAP_SHARED|MAP_FIXED) of the memfd / PROT_NONE again
 //   cuMemSetAccess               mprotect(PROT_READ|PROT_WRITE)
+//   streams                      a host thread each, running the stream's queued work in order
+//                                (copies, memsets, host functions, event records, waits on
+//                                events), so
+//                                work really runs later; the legacy default stream (0) orders
+//                                against the blocking streams as the real one does, and the
+//                                synchronous copies run on it. A test can hold a stream
+//                                (fake_cuda_hold_stream) so that what it queues stays pending.
+//   cuMemFree                    keeps the memory mapped and hands it out again (zeroed) to the
+//                                next cuMemAlloc of the same size, as a driver's suballocator
+//                                would: work still queued on freed memory lands in its next owner
 // It exports only what a driver exports and the plugin looks up by name (cuDriverGetVersion,
 // cuGetProcAddress_v2), plus the test controls of fake_cuda_control.h; every other entry point
 // is reachable through cuGetProcAddress alone, which answers VERSION_NOT_SUFFICIENT to a request
@@ -23,19 +33,149 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 struct CUctx_st {
     int device;
+};
+
+namespace {
+
+// Where an event stands: each record is a generation; the event has completed when the stream
+// work of its latest record has run. Shared with the queued work that fires it, so an event
+// destroyed with a record pending stays valid for that work (as the real driver allows).
+struct event_state {
+    std::mutex mutex;
+    std::condition_variable fired_changed;
+    std::uint64_t recorded = 0; // generations recorded
+    std::uint64_t fired = 0;    // the highest generation whose stream work has run
+
+    std::uint64_t record() {
+        std::lock_guard lock(mutex);
+        return ++recorded;
+    }
+    void fire(std::uint64_t generation) {
+        {
+            std::lock_guard lock(mutex);
+            fired = std::max(fired, generation);
+        }
+        fired_changed.notify_all();
+    }
+    std::uint64_t latest() {
+        std::lock_guard lock(mutex);
+        return recorded;
+    }
+    bool complete() {
+        std::lock_guard lock(mutex);
+        return fired >= recorded;
+    }
+    void wait_for(std::uint64_t generation) {
+        std::unique_lock lock(mutex);
+        fired_changed.wait(lock, [&] { return fired >= generation; });
+    }
+};
+
+// One stream's queue and the thread that runs it, in order. While held, queued work stays
+// pending (work already running finishes). Destroying it waits for every queued item to run.
+class work_queue {
+public:
+    work_queue() : worker_([this] { run(); }) {}
+    work_queue(const work_queue&) = delete;
+    work_queue& operator=(const work_queue&) = delete;
+    ~work_queue() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        changed_.notify_all();
+        worker_.join();
+    }
+
+    // Queues `work`; returns its ticket (what wait_for takes).
+    std::uint64_t enqueue(std::function<void()> work) {
+        std::uint64_t ticket = 0;
+        {
+            std::lock_guard lock(mutex_);
+            pending_.push_back(std::move(work));
+            ticket = ++queued_;
+        }
+        changed_.notify_all();
+        return ticket;
+    }
+    void hold(bool held) {
+        {
+            std::lock_guard lock(mutex_);
+            held_ = held;
+        }
+        changed_.notify_all();
+    }
+    std::uint64_t unfinished() {
+        std::lock_guard lock(mutex_);
+        return queued_ - done_;
+    }
+    void wait_for(std::uint64_t ticket) {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return done_ >= ticket; });
+    }
+    void wait_idle() {
+        std::unique_lock lock(mutex_);
+        const std::uint64_t ticket = queued_;
+        changed_.wait(lock, [&] { return done_ >= ticket; });
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            changed_.wait(lock, [&] { return (!held_ && !pending_.empty()) || (stopping_ && pending_.empty()); });
+            if (pending_.empty()) {
+                return; // stopping, and nothing left to run
+            }
+            std::function<void()> work = std::move(pending_.front());
+            pending_.pop_front();
+            lock.unlock();
+            work();
+            lock.lock();
+            ++done_;
+            changed_.notify_all();
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::deque<std::function<void()>> pending_;
+    std::uint64_t queued_ = 0;
+    std::uint64_t done_ = 0;
+    bool held_ = false;
+    bool stopping_ = false;
+    std::thread worker_; // last: starts once the rest is built
+};
+
+} // namespace
+
+struct CUstream_st {
+    explicit CUstream_st(unsigned created_with) : flags(created_with) {}
+    const unsigned flags; // CU_STREAM_DEFAULT (blocking: orders against stream 0) or CU_STREAM_NON_BLOCKING
+    work_queue queue;
+};
+
+struct CUevent_st {
+    std::shared_ptr<event_state> state = std::make_shared<event_state>();
 };
 
 namespace {
@@ -85,6 +225,16 @@ struct fake_state {
     std::uint64_t calls_without_context = 0;
     std::uint64_t calls[FAKE_CUDA_CALL_KINDS]{};
     fault faults[FAKE_CUDA_CALL_KINDS]{};
+    std::set<CUstream> streams;                                       // created, not destroyed
+    std::set<CUevent> events;                                         // created, not destroyed
+    std::map<std::uint64_t, std::vector<std::uint64_t>> freed_blocks; // size -> addresses, for reuse
+    ~fake_state() {
+        for (const auto& [size, addresses] : freed_blocks) {
+            for (const std::uint64_t address : addresses) {
+                ::munmap(reinterpret_cast<void*>(address), size);
+            }
+        }
+    }
 };
 
 std::mutex state_mutex;
@@ -364,9 +514,19 @@ CUresult fake_mem_alloc(CUdeviceptr* address, size_t bytes) {
     if (const CUresult code = injected(fake, FAKE_CUDA_MEM_ALLOC); code != CUDA_SUCCESS) {
         return code;
     }
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mapped == MAP_FAILED) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    void* mapped = nullptr;
+    if (auto freed = fake.freed_blocks.find(bytes); freed != fake.freed_blocks.end()) {
+        mapped = reinterpret_cast<void*>(freed->second.back()); // the latest freed first
+        freed->second.pop_back();
+        if (freed->second.empty()) {
+            fake.freed_blocks.erase(freed);
+        }
+        std::memset(mapped, 0, bytes);
+    } else {
+        mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mapped == MAP_FAILED) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
     }
     fake.used[device] += bytes;
     *address = reinterpret_cast<CUdeviceptr>(mapped);
@@ -389,7 +549,7 @@ CUresult fake_mem_free(CUdeviceptr address) {
     if (const CUresult code = injected(fake, FAKE_CUDA_MEM_FREE); code != CUDA_SUCCESS) {
         return code;
     }
-    ::munmap(reinterpret_cast<void*>(address), found->second);
+    fake.freed_blocks[found->second].push_back(address); // stays mapped, for the next cuMemAlloc
     fake.used[current_device()] -= found->second;
     fake.device_allocations.erase(found);
     succeeded(fake, FAKE_CUDA_MEM_FREE);
@@ -672,29 +832,274 @@ CUresult fake_mem_import_from_shareable_handle(CUmemGenericAllocationHandle* han
     return CUDA_SUCCESS;
 }
 
-// Device memory is host memory here: copies are memcpy (the GPU test program's smoke run).
-CUresult fake_memcpy_htod(CUdeviceptr destination, const void* source, size_t bytes) {
-    {
-        std::lock_guard lock(state_mutex);
-        if (!has_context()) {
-            ++state().calls_without_context;
-            return CUDA_ERROR_INVALID_CONTEXT;
-        }
+// ---- streams, events, copies ----
+
+// Stream 0 (and CU_STREAM_LEGACY): one for the process, its thread started on first use and
+// joined when the library is unloaded.
+CUstream_st& legacy_stream() {
+    static CUstream_st made(CU_STREAM_DEFAULT);
+    return made;
+}
+
+// The stream `handle` names, or nullptr. Under state_mutex.
+CUstream_st* stream_of(const fake_state& fake, CUstream handle) {
+    if (handle == nullptr || handle == CU_STREAM_LEGACY) {
+        return &legacy_stream();
     }
-    std::memcpy(reinterpret_cast<void*>(destination), source, bytes);
+    return fake.streams.count(handle) != 0 ? handle : nullptr;
+}
+
+// The event `handle` names, or nullptr. Under state_mutex.
+event_state* event_of(const fake_state& fake, CUevent handle) {
+    return fake.events.count(handle) != 0 ? handle->state.get() : nullptr;
+}
+
+// Queues `work` on `stream` after what the legacy default stream orders before it: on stream 0,
+// the work queued so far on every blocking stream; on a blocking stream, that queued on stream 0.
+// Under state_mutex (no queued work takes it).
+std::uint64_t enqueue_ordered(const fake_state& fake, CUstream_st& stream, std::function<void()> work) {
+    const auto after_tail_of = [&stream](CUstream_st& before) {
+        if (before.queue.unfinished() == 0) {
+            return;
+        }
+        auto marker = std::make_shared<event_state>();
+        const std::uint64_t generation = marker->record();
+        before.queue.enqueue([marker, generation] { marker->fire(generation); });
+        stream.queue.enqueue([marker, generation] { marker->wait_for(generation); });
+    };
+    CUstream_st& legacy = legacy_stream();
+    if (&stream == &legacy) {
+        for (CUstream other : fake.streams) {
+            if (other->flags == CU_STREAM_DEFAULT) {
+                after_tail_of(*other);
+            }
+        }
+    } else if (stream.flags == CU_STREAM_DEFAULT) {
+        after_tail_of(legacy);
+    }
+    return stream.queue.enqueue(std::move(work));
+}
+
+CUresult fake_stream_create(CUstream* stream, unsigned int flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (stream == nullptr || (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto made = std::make_unique<CUstream_st>(flags);
+    fake.streams.insert(made.get());
+    *stream = made.release();
     return CUDA_SUCCESS;
 }
 
-CUresult fake_memcpy_dtoh(void* destination, CUdeviceptr source, size_t bytes) {
+// Waits for the stream's queued work to run (the real driver returns at once and frees it later).
+CUresult fake_stream_destroy(CUstream stream) {
     {
         std::lock_guard lock(state_mutex);
-        if (!has_context()) {
-            ++state().calls_without_context;
-            return CUDA_ERROR_INVALID_CONTEXT;
+        if (stream == nullptr || state().streams.erase(stream) == 0) {
+            return CUDA_ERROR_INVALID_HANDLE;
         }
     }
-    std::memcpy(destination, reinterpret_cast<const void*>(source), bytes);
+    delete stream;
     return CUDA_SUCCESS;
+}
+
+CUresult fake_stream_query(CUstream handle) {
+    std::lock_guard lock(state_mutex);
+    CUstream_st* stream = stream_of(state(), handle);
+    if (stream == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return stream->queue.unfinished() == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult fake_stream_synchronize(CUstream handle) {
+    CUstream_st* stream = nullptr;
+    {
+        std::lock_guard lock(state_mutex);
+        stream = stream_of(state(), handle);
+    }
+    if (stream == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    stream->queue.wait_idle(); // outside the lock: the plugin's calls go on meanwhile
+    return CUDA_SUCCESS;
+}
+
+// Waits for the work queued so far on every stream, stream 0 and the plugin's own included.
+CUresult fake_ctx_synchronize() {
+    std::vector<CUstream_st*> streams{&legacy_stream()};
+    {
+        std::lock_guard lock(state_mutex);
+        fake_state& fake = state();
+        if (!has_context()) {
+            ++fake.calls_without_context;
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        streams.insert(streams.end(), fake.streams.begin(), fake.streams.end());
+    }
+    // Outside the lock: a stream's work may wait on another's, which must be able to run.
+    for (CUstream_st* stream : streams) {
+        stream->queue.wait_idle();
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_stream_wait_event(CUstream handle, CUevent event, unsigned int flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    CUstream_st* stream = stream_of(fake, handle);
+    event_state* waited = event_of(fake, event);
+    if (stream == nullptr || waited == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t generation = waited->latest(); // the latest record, as the real driver takes it
+    if (generation != 0) {
+        enqueue_ordered(fake, *stream, [shared = event->state, generation] { shared->wait_for(generation); });
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_event_create(CUevent* event, unsigned int flags) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    constexpr unsigned known_flags = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (event == nullptr || (flags & ~known_flags) != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto made = std::make_unique<CUevent_st>();
+    fake.events.insert(made.get());
+    *event = made.release();
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_event_record(CUevent event, CUstream handle) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    CUstream_st* stream = stream_of(fake, handle);
+    event_state* recorded = event_of(fake, event);
+    if (stream == nullptr || recorded == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    const std::uint64_t generation = recorded->record();
+    enqueue_ordered(fake, *stream, [shared = event->state, generation] { shared->fire(generation); });
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_event_query(CUevent event) {
+    std::lock_guard lock(state_mutex);
+    event_state* queried = event_of(state(), event);
+    if (queried == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return queried->complete() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult fake_event_synchronize(CUevent event) {
+    std::shared_ptr<event_state> waited;
+    std::uint64_t generation = 0;
+    {
+        std::lock_guard lock(state_mutex);
+        if (event_of(state(), event) == nullptr) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        waited = event->state;
+        generation = waited->latest();
+    }
+    waited->wait_for(generation);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_event_destroy(CUevent event) {
+    {
+        std::lock_guard lock(state_mutex);
+        if (event == nullptr || state().events.erase(event) == 0) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+    }
+    delete event; // a record still queued keeps its state alive
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_launch_host_func(CUstream handle, CUhostFn function, void* user_data) {
+    std::lock_guard lock(state_mutex);
+    CUstream_st* stream = stream_of(state(), handle);
+    if (stream == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (function == nullptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    enqueue_ordered(state(), *stream, [function, user_data] { function(user_data); });
+    return CUDA_SUCCESS;
+}
+
+// Queues `work` on the stream `handle` names, for a call that needs a current context; the stream
+// and the work's ticket come back for a caller that waits.
+CUresult enqueue_in_context(CUstream handle, std::function<void()> work, CUstream_st*& stream,
+                            std::uint64_t& ticket) {
+    std::lock_guard lock(state_mutex);
+    fake_state& fake = state();
+    if (!has_context()) {
+        ++fake.calls_without_context;
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    stream = stream_of(fake, handle);
+    if (stream == nullptr) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    ticket = enqueue_ordered(fake, *stream, std::move(work));
+    return CUDA_SUCCESS;
+}
+
+// Device memory is host memory here: a copy is a memcpy, run in order on its stream.
+CUresult enqueue_copy(CUstream handle, void* destination, const void* source, size_t bytes, bool synchronous) {
+    CUstream_st* stream = nullptr;
+    std::uint64_t ticket = 0;
+    const CUresult code = enqueue_in_context(
+        handle, [destination, source, bytes] { std::memcpy(destination, source, bytes); }, stream, ticket);
+    if (code == CUDA_SUCCESS && synchronous) {
+        stream->queue.wait_for(ticket);
+    }
+    return code;
+}
+
+// A kernel-like write of device memory on a stream (the GPU test program's stand-in for a kernel).
+CUresult fake_memset_d8_async(CUdeviceptr destination, unsigned char value, size_t bytes, CUstream handle) {
+    CUstream_st* stream = nullptr;
+    std::uint64_t ticket = 0;
+    return enqueue_in_context(
+        handle, [destination, value, bytes] { std::memset(reinterpret_cast<void*>(destination), value, bytes); },
+        stream, ticket);
+}
+
+// The synchronous copies run on the legacy default stream and return once done, so they wait
+// for the work queued before them there and on the blocking streams, as the real ones do.
+CUresult fake_memcpy_htod(CUdeviceptr destination, const void* source, size_t bytes) {
+    return enqueue_copy(nullptr, reinterpret_cast<void*>(destination), source, bytes, true);
+}
+
+CUresult fake_memcpy_dtoh(void* destination, CUdeviceptr source, size_t bytes) {
+    return enqueue_copy(nullptr, destination, reinterpret_cast<const void*>(source), bytes, true);
+}
+
+CUresult fake_memcpy_htod_async(CUdeviceptr destination, const void* source, size_t bytes, CUstream stream) {
+    return enqueue_copy(stream, reinterpret_cast<void*>(destination), source, bytes, false);
+}
+
+CUresult fake_memcpy_dtoh_async(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
+    return enqueue_copy(stream, destination, reinterpret_cast<const void*>(source), bytes, false);
 }
 
 // The entry points, each with the CUDA version whose signature it implements.
@@ -733,6 +1138,21 @@ const entry_point entry_points[] = {
     {"cuMemImportFromShareableHandle", 10020, as_pointer(&fake_mem_import_from_shareable_handle)},
     {"cuMemcpyHtoD", 3020, as_pointer(&fake_memcpy_htod)},
     {"cuMemcpyDtoH", 3020, as_pointer(&fake_memcpy_dtoh)},
+    {"cuMemcpyHtoDAsync", 3020, as_pointer(&fake_memcpy_htod_async)},
+    {"cuMemcpyDtoHAsync", 3020, as_pointer(&fake_memcpy_dtoh_async)},
+    {"cuCtxSynchronize", 2000, as_pointer(&fake_ctx_synchronize)},
+    {"cuStreamCreate", 2000, as_pointer(&fake_stream_create)},
+    {"cuStreamDestroy", 4000, as_pointer(&fake_stream_destroy)},
+    {"cuStreamQuery", 2000, as_pointer(&fake_stream_query)},
+    {"cuStreamSynchronize", 2000, as_pointer(&fake_stream_synchronize)},
+    {"cuStreamWaitEvent", 3020, as_pointer(&fake_stream_wait_event)},
+    {"cuEventCreate", 2000, as_pointer(&fake_event_create)},
+    {"cuEventRecord", 2000, as_pointer(&fake_event_record)},
+    {"cuEventQuery", 2000, as_pointer(&fake_event_query)},
+    {"cuEventSynchronize", 2000, as_pointer(&fake_event_synchronize)},
+    {"cuEventDestroy", 4000, as_pointer(&fake_event_destroy)},
+    {"cuLaunchHostFunc", 10000, as_pointer(&fake_launch_host_func)},
+    {"cuMemsetD8Async", 3020, as_pointer(&fake_memset_d8_async)},
 };
 
 } // namespace
@@ -818,6 +1238,12 @@ FAKE_EXPORT void fake_cuda_get_counts(fake_cuda_counts* counts) {
         now.primary_retains += fake.retains[device];
     }
     now.calls_without_context = fake.calls_without_context;
+    now.streams = fake.streams.size();
+    now.events = fake.events.size();
+    now.stream_work_pending = legacy_stream().queue.unfinished();
+    for (CUstream stream : fake.streams) {
+        now.stream_work_pending += stream->queue.unfinished();
+    }
     for (int call = 0; call < FAKE_CUDA_CALL_KINDS; ++call) {
         now.calls[call] = fake.calls[call];
     }
@@ -826,4 +1252,14 @@ FAKE_EXPORT void fake_cuda_get_counts(fake_cuda_counts* counts) {
 
 FAKE_EXPORT unsigned fake_cuda_context_depth(void) {
     return static_cast<unsigned>(context_stack.size());
+}
+
+FAKE_EXPORT int fake_cuda_hold_stream(CUstream handle, int hold) {
+    std::lock_guard lock(state_mutex);
+    CUstream_st* stream = stream_of(state(), handle);
+    if (stream == nullptr) {
+        return -1;
+    }
+    stream->queue.hold(hold != 0);
+    return 0;
 }

@@ -12,6 +12,10 @@
  *   NXMEM_FAKE_CUDA_POSIX_FD     0: devices do not export memory as POSIX file descriptors
  *   NXMEM_FAKE_CUDA_SHARING      0: the driver has no cuMemExportToShareableHandle (nor import)
  *
+ * Streams run their work later, on a thread each (stream 0 too), in order; a stream can be held
+ * (fake_cuda_hold_stream). Memory freed with cuMemFree is handed out again, zeroed, to the next
+ * cuMemAlloc of the same size.
+ *
  * Sharing across processes is real: a physical allocation is a memfd named
  * "fake-cuda-physical-<device>", cuMemExportToShareableHandle hands out a duplicate of it, and
  * cuMemImportFromShareableHandle in any process accepts only such a memfd, so another process
@@ -64,6 +68,9 @@ struct fake_cuda_counts {
     uint64_t primary_retains;    /* primary context references held, all devices */
     uint64_t calls_without_context; /* memory calls made with no current context */
     uint64_t calls[FAKE_CUDA_CALL_KINDS]; /* successful calls of each kind since the reset */
+    uint64_t streams;             /* created, not destroyed (the legacy stream 0 is not counted) */
+    uint64_t events;              /* created, not destroyed */
+    uint64_t stream_work_pending; /* queued on any stream (stream 0 too) and not yet run */
 };
 
 /* Resets the fake: forgets every fault and count, applies `config` (NULL: the environment's).
@@ -78,6 +85,12 @@ void fake_cuda_get_counts(struct fake_cuda_counts *counts);
 
 /* Primary contexts pushed and not popped on the calling thread. */
 unsigned fake_cuda_context_depth(void);
+
+/* Holds `stream` (0: the legacy default stream) while `hold` is non-zero: work queued on it stays
+ * pending, deterministically, until it is let go (fake_cuda_hold_stream(stream, 0)); what already
+ * runs finishes. -1 for a stream the fake does not know. Let a stream go before destroying it:
+ * cuStreamDestroy waits for the stream's work. */
+int fake_cuda_hold_stream(struct CUstream_st *stream, int hold);
 
 #ifdef __cplusplus
 }
