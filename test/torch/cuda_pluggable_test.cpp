@@ -5,7 +5,7 @@
 // stream takes it at once too with a wait on the freeing stream's event, while that stream is
 // held (its work not run), and a free the module cannot match changes nothing.
 // Environment: NXMEM_TORCH_CUDA (the module), NXMEM_TORCH_CUDA_PLUGIN, NXMEM_CUDA_DRIVER and
-// NXMEM_FAKE_CUDA_DRIVER (the fake).
+// NXMEM_FAKE_CUDA_DRIVER (the fake; unset on a GPU, where no stream is held).
 #include "device_context.hpp" // plugins/cuda
 #include "fake_cuda_control.h"
 
@@ -63,29 +63,37 @@ public:
         REQUIRE(api.ctx_push_current(context_) == CUDA_SUCCESS);
         REQUIRE(api.stream_create(&first, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
         REQUIRE(api.stream_create(&second, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-        fake_ = ::dlopen(std::getenv("NXMEM_FAKE_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
-        REQUIRE(fake_ != nullptr);
-        resolve(fake_, "fake_cuda_hold_stream", hold_stream);
+        // Over the fake driver a stream can be held, so its work stays queued; on a GPU
+        // (scripts/gpu-check, NXMEM_FAKE_CUDA_DRIVER unset) the work is whatever is queued.
+        if (const char* fake = std::getenv("NXMEM_FAKE_CUDA_DRIVER"); fake != nullptr) {
+            fake_ = ::dlopen(fake, RTLD_NOW | RTLD_NOLOAD);
+            REQUIRE(fake_ != nullptr);
+            resolve(fake_, "fake_cuda_hold_stream", hold_stream_);
+        }
     }
+    // Holds (or lets go) `stream` where the driver is the fake; true elsewhere.
+    bool hold(CUstream stream, int held) { return hold_stream_ == nullptr || hold_stream_(stream, held) == 0; }
     ~caller_streams() {
         const auto& api = device_->api();
-        hold_stream(first, 0);
-        hold_stream(second, 0);
+        hold(first, 0);
+        hold(second, 0);
         (void)api.stream_destroy(first); // waits for the stream's work
         (void)api.stream_destroy(second);
         CUcontext popped = nullptr;
         (void)api.ctx_pop_current(&popped);
         (void)api.primary_ctx_release(device_->device());
-        ::dlclose(fake_);
+        if (fake_ != nullptr) {
+            ::dlclose(fake_);
+        }
     }
     caller_streams(const caller_streams&) = delete;
     caller_streams& operator=(const caller_streams&) = delete;
 
     CUstream first = nullptr;
     CUstream second = nullptr;
-    int (*hold_stream)(CUstream, int) = nullptr;
 
 private:
+    int (*hold_stream_)(CUstream, int) = nullptr;
     std::unique_ptr<nxmem::cuda::device_context> device_;
     CUcontext context_ = nullptr;
     void* fake_ = nullptr;
@@ -107,13 +115,13 @@ TEST_CASE("the CUDAPluggableAllocator entry points, called as PyTorch calls them
         torch.free(again, 4096, 0, streams.first);
     }
     SECTION("another stream takes it at once too, waiting on the event of the stream that freed it") {
-        REQUIRE(streams.hold_stream(streams.first, 1) == 0); // its work stays queued
+        REQUIRE(streams.hold(streams.first, 1)); // its work stays queued
         void* first = torch.malloc(8192, 0, streams.first);
         REQUIRE(first != nullptr);
         torch.free(first, 8192, 0, streams.first);
         void* other = torch.malloc(8192, 0, streams.second);
         CHECK(other == first);
-        REQUIRE(streams.hold_stream(streams.first, 0) == 0);
+        REQUIRE(streams.hold(streams.first, 0));
         torch.free(other, 8192, 0, streams.second);
     }
     SECTION("record_stream: used on a second stream, its release fences both") {
