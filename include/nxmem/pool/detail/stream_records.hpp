@@ -104,15 +104,9 @@ public:
         free_.push_back(slot);
     }
 
-    // Every slot handed out so far, for a walk over all records (the destructor's).
-    std::uint32_t extent() const noexcept {
-        std::lock_guard<nxmem::detail::spin_lock> hold(lock_);
-        return next_;
-    }
-
 private:
     stable_directory<Record, max_leaves> directory_;
-    mutable nxmem::detail::spin_lock lock_;
+    nxmem::detail::spin_lock lock_;
     std::vector<std::uint32_t> free_;
     std::uint32_t next_ = 0;
 };
