@@ -4,14 +4,19 @@
 // thread trims and reads usage. Checks: no two live allocations overlap (every pattern intact at
 // release), every release succeeds exactly once, and the pool ends empty with the upstream
 // holding nothing.
+#include "host_timeline_policy.hpp"
 #include "test_upstreams.hpp"
 
 #include <nxmem/pool.hpp>
+#include <nxmem/pool/stream_ordered_pool.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -305,4 +310,182 @@ TEST_CASE("span round trips on several threads race trims and usage: figures sta
         CHECK(ledger->live_count() == 0);
     }
     CHECK(ledger->bad_releases == 0);
+}
+
+namespace {
+
+// A host stand-in for a device: one thread per stream runs the stream's queued kernels in order,
+// each after the one before, and marks it complete on the timeline when it has run.
+class host_device {
+public:
+    host_device(std::shared_ptr<test::host_timeline> timeline, std::uint32_t streams) : timeline_(std::move(timeline)) {
+        for (std::uint32_t stream = 0; stream < streams; ++stream) {
+            queues_.emplace_back();
+        }
+        for (std::uint32_t stream = 0; stream < streams; ++stream) {
+            runners_.emplace_back([this, stream] { run(stream); });
+        }
+    }
+    ~host_device() { finish(); }
+
+    // Queues `kernel` on `stream` (its number on the timeline is the stream's submitted count).
+    void enqueue(std::uint32_t stream, std::function<void()> kernel) {
+        std::lock_guard lock(mutex_);
+        queues_[stream].push_back({timeline_->submit(stream), std::move(kernel)});
+        changed_.notify_all();
+    }
+    // Queues on `stream` a wait for `fence` (what cuStreamWaitEvent queues).
+    void enqueue_wait(std::uint32_t stream, test::host_timeline_fence fence) {
+        enqueue(stream, [this, fence] {
+            std::unique_lock lock(mutex_);
+            changed_.wait(lock, [&] { return timeline_->completed(fence.stream) >= fence.count; });
+        });
+    }
+    // Runs what is queued, then stops the runners.
+    void finish() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+            changed_.notify_all();
+        }
+        for (auto& runner : runners_) {
+            if (runner.joinable()) {
+                runner.join();
+            }
+        }
+    }
+
+private:
+    struct kernel_item {
+        std::uint64_t number;
+        std::function<void()> kernel;
+    };
+    void run(std::uint32_t stream) {
+        for (;;) {
+            kernel_item item;
+            {
+                std::unique_lock lock(mutex_);
+                changed_.wait(lock, [&] { return stopping_ || !queues_[stream].empty(); });
+                if (queues_[stream].empty()) {
+                    return;
+                }
+                item = std::move(queues_[stream].front());
+                queues_[stream].pop_front();
+            }
+            item.kernel();
+            std::lock_guard lock(mutex_);
+            timeline_->complete_through(stream, item.number);
+            changed_.notify_all();
+        }
+    }
+
+    std::shared_ptr<test::host_timeline> timeline_;
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::vector<std::deque<kernel_item>> queues_;
+    bool stopping_ = false;
+    std::vector<std::thread> runners_;
+};
+
+// The waiting policy, its waits queued on the host device.
+class host_device_waiting_policy : public test::host_timeline_policy_base {
+public:
+    host_device_waiting_policy(std::shared_ptr<test::host_timeline> timeline, host_device& device)
+        : host_timeline_policy_base(std::move(timeline)), device_(&device) {}
+    result<void> wait(std::uint32_t stream, const fence_type& fence) {
+        timeline_->waits_inserted.fetch_add(1, std::memory_order_relaxed);
+        device_->enqueue_wait(stream, fence);
+        return boost::outcome_v2::success();
+    }
+
+private:
+    host_device* device_;
+};
+
+// Host threads allocate on three streams in turn, queue a kernel that fills the block with their
+// pattern and then checks it, sometimes a second stream's kernel that reads it after the fill
+// (record_stream),
+// and release it at once, while the kernels have not run; another thread collects. A block
+// handed to a stream before the kernels of the stream that released it ran would be written by
+// both: the checks fail (and ThreadSanitizer reports the writes).
+template <class Policy, class MakePolicy> void streams_race_their_kernels(MakePolicy make_policy) {
+    constexpr std::uint32_t streams = 3;
+    constexpr int threads = 3;
+    constexpr int rounds = 150;
+    auto timeline = std::make_shared<test::host_timeline>();
+    test::heap_upstream upstream;
+    auto ledger = upstream.ledger();
+    std::atomic<int> failures{0};
+    {
+        host_device device(timeline, streams);
+        using pooled = pool_allocator<test::heap_upstream>;
+        stream_ordered_pool<pooled, Policy> layer(std::in_place, make_policy(timeline, device), stream_pool_options{}, upstream);
+        std::atomic<bool> done{false};
+        std::vector<std::thread> workers;
+        for (int t = 0; t < threads; ++t) {
+            workers.emplace_back([&, t] {
+                for (int round = 0; round < rounds; ++round) {
+                    const auto stream = static_cast<std::uint32_t>((t + round) % streams);
+                    const std::uint64_t size = (t + round) % 2 == 0 ? 512 : 8192;
+                    auto made = layer.allocate(size, 64, stream);
+                    if (!made.has_value()) {
+                        ++failures;
+                        continue;
+                    }
+                    const allocation<cpu_device> live = made.value();
+                    const auto pattern = static_cast<unsigned char>(1 + (t * rounds + round) % 251);
+                    device.enqueue(stream, [&failures, live, pattern] {
+                        std::memset(live.address, pattern, live.size);
+                        std::this_thread::yield();
+                        failures += pattern_intact(live, pattern) ? 0 : 1;
+                    });
+                    if (round % 5 == 0) {
+                        const std::uint32_t reader = (stream + 1) % streams;
+                        failures += layer.record_stream(live, reader).has_value() ? 0 : 1;
+                        // The reader is ordered after the fill, as an engine orders it (an event).
+                        device.enqueue_wait(reader, {stream, timeline->submitted(stream)});
+                        device.enqueue(reader, [&failures, live, pattern] {
+                            failures += pattern_intact(live, pattern) ? 0 : 1;
+                        });
+                    }
+                    failures += layer.deallocate(live, stream).has_value() ? 0 : 1;
+                }
+            });
+        }
+        std::thread collector([&] {
+            while (!done.load()) {
+                layer.collect();
+                (void)layer.usage();
+                std::this_thread::yield();
+            }
+        });
+        for (auto& worker : workers) {
+            worker.join();
+        }
+        done = true;
+        collector.join();
+        device.finish();
+        layer.collect();
+        CHECK(layer.usage().pending_allocations == 0);
+        CHECK(layer.below().usage().live_allocations == 0);
+    }
+    CHECK(failures.load() == 0);
+    CHECK(ledger->live_count() == 0);
+    CHECK(timeline->fences_retired.load() == timeline->fences_recorded.load());
+}
+
+} // namespace
+
+TEST_CASE("streams race their queued kernels through the stream-ordered layer: no block changes hands before "
+          "its kernels ran",
+          "[pool][concurrency][streams]") {
+    SECTION("a policy that polls fences") {
+        streams_race_their_kernels<test::host_timeline_policy>(
+            [](std::shared_ptr<test::host_timeline> timeline, host_device&) { return test::host_timeline_policy(std::move(timeline)); });
+    }
+    SECTION("a policy that queues waits") {
+        streams_race_their_kernels<host_device_waiting_policy>([](std::shared_ptr<test::host_timeline> timeline, host_device& device) {
+            return host_device_waiting_policy(std::move(timeline), device);
+        });
+    }
 }

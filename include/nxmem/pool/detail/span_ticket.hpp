@@ -69,6 +69,12 @@ public:
                    : verdict::not_live;
     }
 
+    // By the thread that claimed the piece under `generation` and could not finish its release:
+    // live again, under the same generation and description.
+    void restore(std::uint32_t generation) noexcept {
+        tag_.store((std::uint64_t{generation} << 1) | live_bit, std::memory_order_release);
+    }
+
 private:
     static constexpr std::uint64_t live_bit = 1;
     std::atomic<std::uint64_t> tag_{0}; // generation << 1 | live
