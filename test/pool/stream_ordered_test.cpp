@@ -83,6 +83,70 @@ TEST_CASE("stream-ordered layer: another stream reuses a block only after its fe
     CHECK(f.timeline->waits_inserted == 0);
 }
 
+TEST_CASE("stream-ordered layer: a stream taking back what it released records no fence; another stream's "
+          "first request records one for every release before it",
+          "[pool][layers][streams]") {
+    fake_fixture f;
+    fake_layer layer(f.device, test::host_timeline_policy(f.timeline));
+    for (int round = 0; round < 3; ++round) {
+        released_while_queued(layer, *f.timeline, 0);
+        value_or_fail(layer.allocate(4096, 256, 0));
+    }
+    CHECK(f.timeline->fences_recorded == 0);
+
+    const auto first = value_or_fail(layer.allocate(4096, 256, 0));
+    const auto second = value_or_fail(layer.allocate(4096, 256, 0));
+    f.timeline->submit(0);
+    value_or_fail(layer.deallocate(first, 0));
+    f.timeline->submit(0);
+    value_or_fail(layer.deallocate(second, 0));
+    CHECK(f.timeline->fences_recorded == 0);
+    const auto third = value_or_fail(layer.allocate(4096, 256, 1)); // stream 0's work pending
+    CHECK(wire(third) != wire(first));
+    CHECK(wire(third) != wire(second));
+    CHECK(f.timeline->fences_recorded == 1); // one fence on stream 0 covers both releases
+    value_or_fail(layer.allocate(4096, 256, 1));
+    CHECK(f.timeline->fences_recorded == 1);
+    f.timeline->complete(0);
+    const auto fourth = value_or_fail(layer.allocate(4096, 256, 1));
+    const auto fifth = value_or_fail(layer.allocate(4096, 256, 1));
+    CHECK(((wire(fourth) == wire(first) && wire(fifth) == wire(second)) ||
+           (wire(fourth) == wire(second) && wire(fifth) == wire(first))));
+    CHECK(f.timeline->fences_retired == f.timeline->fences_recorded);
+}
+
+TEST_CASE("stream-ordered layer: a fence recorded after the release is never earlier than its work",
+          "[pool][layers][streams]") {
+    fake_fixture f;
+    fake_layer layer(f.device, test::host_timeline_policy(f.timeline));
+    const auto first = released_while_queued(layer, *f.timeline, 0); // work 1 on stream 0
+    f.timeline->submit(0);                                            // work 2, after the release
+    value_or_fail(layer.allocate(4096, 256, 1));                      // records the fence: through work 2
+    f.timeline->complete_through(0, 1);
+    // The release's own work has run, but the only fence the layer holds waits for work 2 too:
+    // later than needed, never earlier.
+    CHECK(wire(value_or_fail(layer.allocate(4096, 256, 1))) != wire(first));
+    f.timeline->complete(0);
+    CHECK(wire(value_or_fail(layer.allocate(4096, 256, 1))) == wire(first));
+}
+
+TEST_CASE("stream-ordered layer: a fence that cannot be recorded when another stream asks leaves the block "
+          "pending, and collect records it later",
+          "[pool][layers][streams]") {
+    fake_fixture f;
+    fake_layer layer(f.device, test::host_timeline_policy(f.timeline));
+    f.timeline->refuse_records = true;
+    const auto first = released_while_queued(layer, *f.timeline, 0); // a release records nothing
+    f.timeline->complete(0);
+    CHECK(wire(value_or_fail(layer.allocate(4096, 256, 1))) != wire(first));
+    CHECK(layer.collect() == 0);
+    CHECK(layer.usage().pending_allocations == 1);
+    f.timeline->refuse_records = false;
+    CHECK(layer.collect() == 4096);
+    CHECK(layer.usage().pending_allocations == 0);
+    CHECK(f.timeline->fences_retired == f.timeline->fences_recorded);
+}
+
 TEST_CASE("stream-ordered layer: where the policy waits, another stream takes a pending block at once, "
           "waiting for its fence",
           "[pool][layers][streams]") {
@@ -148,7 +212,7 @@ TEST_CASE("stream-ordered layer: record_stream fences every stream a block was u
     f.timeline->submit(0);
     f.timeline->submit(1);
     value_or_fail(layer.deallocate(first, 0));
-    CHECK(f.timeline->fences_recorded == 2);
+    CHECK(f.timeline->fences_recorded == 1); // stream 1's; stream 0's once another stream asks
 
     // Stream 1's work may still use it: not even its own stream takes it back yet.
     const auto second = value_or_fail(layer.allocate(8192, 256, 0));
@@ -205,7 +269,8 @@ TEST_CASE("stream-ordered layer: releases are checked, and a fence that cannot b
     CHECK(layer.record_stream(misdescribed, 1).error().code == status_code::invalid_argument);
 
     f.timeline->refuse_records = true;
-    CHECK(layer.deallocate(live, 0).error().code == status_code::internal_error);
+    value_or_fail(layer.record_stream(live, 1));
+    CHECK(layer.deallocate(live, 0).error().code == status_code::internal_error); // stream 1's fence
     CHECK(layer.usage().pending_allocations == 0);
     f.timeline->refuse_records = false;
 

@@ -3,11 +3,14 @@
 // A GPU engine frees a tensor as soon as it has queued the kernels that use it; handing that
 // memory to another stream before those kernels ran would let the new owner's work and theirs
 // overwrite each other. So, as RMM's per-stream free lists and PyTorch's record_stream do:
-//   - a release on stream S records a fence on S (and on every stream record_stream named), and
-//     the block stays here, pending, in S's lane;
-//   - S takes it back at once (its own later work is ordered after the fence);
-//   - another stream T takes it only once every fence on a stream other than T has completed,
-//     or, where the policy can make T wait for a fence, at once with those waits inserted on T;
+//   - a release on stream S leaves the block here, pending, in S's lane, and records a fence on
+//     every other stream record_stream named; on S itself it records none yet;
+//   - S takes it back at once (its own later work is ordered after the work before the release);
+//   - another stream T takes it only once the work before the release on S, and every fence on
+//     a stream other than T, has completed, or, where the policy can make T wait for a fence, at
+//     once with those waits inserted on T. The fence on S is recorded when T (or collect) first
+//     asks, one for every release on S so far (detail/lane_fences.hpp): a stream that takes back
+//     what it released never records one;
 //   - it goes back to the layer below (a pool_allocator, which knows no streams) only once every
 //     fence has completed: collect() polls them, trim() collects then trims the layer below.
 // A layer over any DeviceAllocator, itself a DeviceAllocator (allocate and release on the
@@ -16,6 +19,7 @@
 #pragma once
 
 #include <nxmem/concepts/device_allocator.hpp>
+#include <nxmem/pool/detail/lane_fences.hpp>
 #include <nxmem/pool/detail/pool_errors.hpp>
 #include <nxmem/pool/detail/stream_lanes.hpp>
 #include <nxmem/pool/detail/stream_records.hpp>
@@ -76,6 +80,7 @@ public:
         for (std::uint32_t index = 0; index < lanes_type::capacity; ++index) {
             if (lanes_.claimed(index)) {
                 lanes_.for_each_pending(index, [&](std::uint32_t slot) { retire_fences(table_[slot]); });
+                own_fences_[index].retire_all(policy_);
             }
         }
     }
@@ -109,10 +114,11 @@ public:
     }
 
     // Releases `live` on `stream` (the stream it was allocated on, for PyTorch's and RMM's
-    // callers): a fence is recorded on it, on the allocation's stream if another, and on every
-    // stream record_stream named, and the block stays pending here. Checked as pool_allocator
-    // checks a release; a refused release, or a fence the policy could not record, changes
-    // nothing. Reports COMPLETE with unmapped_bytes 0.
+    // callers): a fence is recorded on the allocation's stream if another, and on every stream
+    // record_stream named, and the block stays pending here, in `stream`'s lane (whose own fence
+    // is recorded when another stream needs it). Checked as pool_allocator checks a release; a
+    // refused release, or a fence the policy could not record, changes nothing. Reports COMPLETE
+    // with unmapped_bytes 0.
     result<release_report> deallocate(const allocation<device_type>& live, const stream_type& stream) {
         return release_on(live, &stream);
     }
@@ -160,8 +166,13 @@ public:
                 std::uint32_t count = 0;
                 {
                     std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[index].lock);
+                    auto& own = own_fences_[index];
+                    if (lanes_[index].pending_blocks != 0) {
+                        own.cover_all(policy_, lanes_[index].stream);
+                    }
                     lanes_.for_each_pending(index, [&](std::uint32_t slot) {
-                        if (count < done.size() && all_completed(table_[slot])) {
+                        const record_type& record = table_[slot];
+                        if (count < done.size() && own.known_completed(record.released_number) && all_completed(record)) {
                             done[count++] = slot;
                         }
                     });
@@ -211,9 +222,28 @@ private:
     using table_type = pool_detail::stream_record_table<record_type>;
     using lanes_type = pool_detail::stream_lanes<stream_type, table_type>;
 
-    // Whether `stream` may take `record` now, with the lane's lock held: every fence on another
-    // stream has completed, or (a policy that waits) `stream` now waits for those that have not.
-    [[gnu::noinline]] bool usable_by(record_type& record, const stream_type& stream) {
+    // Whether `stream` may take `record`, pending in lane `lane`, now (with that lane's lock
+    // held): the work before its release on the lane's stream, and every fence on another
+    // stream, has completed, or (a policy that waits) `stream` now waits for what has not. A
+    // wait that failed leaves the record pending; one inserted before it only delays the stream.
+    [[gnu::noinline]] bool usable_by(record_type& record, const stream_type& stream, std::uint32_t lane) {
+        const stream_type& released_on = lanes_[lane].stream;
+        auto& own = own_fences_[lane];
+        if (!(released_on == stream) && !own.known_completed(record.released_number)) {
+            const fence_type* covering = own.covering(policy_, released_on, record.released_number);
+            if (covering == nullptr) {
+                return false;
+            }
+            if (!own.completed(policy_, record.released_number)) {
+                if constexpr (inserts_waits) {
+                    if (!policy_.wait(stream, *covering)) {
+                        return false;
+                    }
+                } else {
+                    return false;
+                }
+            }
+        }
         const auto pending_elsewhere = [&](const pool_detail::stream_fence<Policy>& fenced) {
             return !(fenced.stream == stream) && !policy_.completed(fenced.fence);
         };
@@ -221,8 +251,6 @@ private:
             return true;
         }
         if constexpr (inserts_waits) {
-            // A wait that failed leaves the record pending; one inserted before it only delays
-            // the stream.
             return !record.any_fence([&](const pool_detail::stream_fence<Policy>& fenced) {
                 return pending_elsewhere(fenced) && !policy_.wait(stream, fenced.fence);
             });
@@ -236,10 +264,6 @@ private:
     }
 
     void retire_fences(record_type& record) noexcept {
-        if (record.released_fence.has_value()) [[likely]] {
-            policy_.retire(std::move(record.released_fence->fence));
-            record.released_fence.reset();
-        }
         for (auto& fenced : record.fences) {
             policy_.retire(std::move(fenced.fence));
         }
@@ -249,7 +273,9 @@ private:
     allocation<device_type> hand_out(std::uint32_t slot, const stream_type& stream, std::uint32_t lane, std::uint64_t size,
                                      std::uint64_t alignment) noexcept {
         record_type& record = table_[slot];
-        retire_fences(record);
+        if (record.fenced_elsewhere) [[unlikely]] {
+            retire_fences(record);
+        }
         record.used_on.clear();
         record.fenced_elsewhere = false;
         record.stream = stream;
@@ -271,7 +297,7 @@ private:
             {
                 std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[own].lock);
                 slot = lanes_.take_fitting(own, size, alignment, [&](record_type& record) {
-                    return !record.fenced_elsewhere || usable_by(record, stream);
+                    return !record.fenced_elsewhere || usable_by(record, stream, own);
                 });
                 pending += lanes_[own].pending_bytes;
             }
@@ -286,7 +312,8 @@ private:
             std::uint32_t slot = pool_detail::no_record;
             {
                 std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[index].lock);
-                slot = lanes_.take_fitting(index, size, alignment, [&](record_type& record) { return usable_by(record, stream); });
+                slot = lanes_.take_fitting(index, size, alignment,
+                                           [&](record_type& record) { return usable_by(record, stream, index); });
                 pending += lanes_[index].pending_bytes;
             }
             if (slot != pool_detail::no_record) {
@@ -353,12 +380,6 @@ private:
         }
         {
             std::lock_guard<nxmem::detail::spin_lock> guard(record->guard); // after record_stream in flight
-            result<fence_type> fence = policy_.record(stream);
-            if (!fence) [[unlikely]] {
-                record->ticket.restore(generation);
-                return std::move(fence).error();
-            }
-            record->released_fence.emplace(pool_detail::stream_fence<Policy>{stream, std::move(fence).value()});
             if (!record->used_on.empty() || !(stream == record->stream)) [[unlikely]] {
                 if (auto fenced = fence_other_streams(*record, stream); !fenced) {
                     record->ticket.restore(generation);
@@ -367,12 +388,13 @@ private:
             }
         }
         std::lock_guard<nxmem::detail::spin_lock> hold(lanes_[lane].lock);
+        record->released_number = own_fences_[lane].number_release();
         lanes_.link(lane, pool_detail::stream_record_slot(live.allocation_id), *record);
         return release_report{release_state::complete, 0, 0};
     }
 
     // Records a fence on the allocation's stream, when released on another, and on the streams
-    // record_stream named; on a failure none is kept, the release's own neither.
+    // record_stream named; on a failure none is kept.
     [[gnu::noinline]] result<void> fence_other_streams(record_type& record, const stream_type& stream) {
         auto add = [&](const stream_type& on) -> result<void> {
             result<fence_type> fence = policy_.record(on);
@@ -424,6 +446,7 @@ private:
     device_id device_;
     table_type table_;
     lanes_type lanes_{table_};
+    std::array<pool_detail::lane_fences<Policy>, lanes_type::capacity> own_fences_{}; // each its lane's lock's
     std::atomic<std::uint64_t> failed_give_backs_{0};
 };
 

@@ -44,9 +44,10 @@ template <Device D, StreamPolicy P> struct alignas(64) stream_record {
     std::uint64_t wire = 0;         // its address on the wire
     stream_type stream{};           // the stream it was last handed to
     std::vector<stream_type> used_on;        // record_stream's other streams (capacity kept)
-    // Recorded at release: on the stream released on, and on every other stream it was used on.
-    std::optional<stream_fence<P>> released_fence;
+    // Recorded at release on every stream it was used on other than the one released on (whose
+    // fence is its lane's, lane_fences.hpp: recorded only when needed).
     std::vector<stream_fence<P>> fences;
+    std::uint64_t released_number = 0; // its release's number in its lane (lane_fences)
     bool fenced_elsewhere = false;  // a fence on a stream other than the one it was released on
     bool retiring = false;          // generations spent: given below once complete, never reused
     std::uint32_t home_lane = no_record; // the lane of `stream`, so a release there finds it at once
@@ -56,11 +57,8 @@ template <Device D, StreamPolicy P> struct alignas(64) stream_record {
     std::uint32_t previous = no_record;
     std::uint32_t next = no_record;
 
-    // Whether `test` holds for any of its fences.
+    // Whether `test` holds for any of its fences on other streams.
     template <class Test> bool any_fence(Test&& test) const {
-        if (released_fence.has_value() && test(*released_fence)) {
-            return true;
-        }
         for (const auto& fenced : fences) {
             if (test(fenced)) {
                 return true;
