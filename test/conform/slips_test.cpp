@@ -152,14 +152,88 @@ TEST_CASE("every slip check states the rule it proves and when that rule entered
           conform::check_outputs_every_path::revision, conform::check_statuses_untouched_on_success::revision,
           conform::check_misuse_precedence::revision, conform::check_borrowing_after_open::revision,
           conform::check_borrowing_request_cap::revision, conform::check_concurrency_usage_consistent::revision,
-          conform::check_options_numbers::revision}) {
+          conform::check_options_numbers::revision, conform::check_capability_copy::revision,
+          conform::check_capability_fenced_release::revision}) {
         INFO(revision.rules);
         CHECK_FALSE(revision.rules.empty());
         CHECK(revision.entered == "2026-12-04");
         CHECK(revision.why_needed.size() > 20);
     }
+    // Minor 4's tables bind the plugins that declare it; older ones have no such table.
+    STATIC_REQUIRE(conform::check_capability_copy::revision.minor == "1.4");
+    STATIC_REQUIRE(conform::check_capability_fenced_release::revision.minor == "1.4");
     // Rules of the first contract: every plugin is bound already.
     STATIC_REQUIRE(conform::check_factories_fresh_after_release::revision.entered == "2026-11-29");
+}
+
+// ---- minor 4: copies and fenced release (checks_streams.hpp) ----
+
+TEST_CASE("each planted slip of a copy or a fenced release fails its minor-4 check alone, naming what it did",
+          "[conform][slips][streams]") {
+    const char* path = std::getenv("NXMEM_SLIPS_PLUGIN");
+    REQUIRE(path != nullptr);
+    struct expectation {
+        const char* mechanism;
+        const char* check;
+        const char* other; // the other minor-4 check: passes, or does not apply
+        const char* named;
+    };
+    const expectation slip = GENERATE(
+        expectation{"copies-what-fits", "capability.copy", "capability.fenced_release",
+                    "the last 100 bytes and 100 past the end"},
+        expectation{"retires-before-fence", "capability.fenced_release", "capability.copy", "before its fence"},
+        expectation{"queues-past-max-fences", "capability.fenced_release", "capability.copy",
+                    "fence_count NXMEM_MAX_FENCES + 1"});
+    INFO("mechanism " << slip.mechanism << ", check " << slip.check);
+    const conform::subject target{path, slip.mechanism, device_id{NXMEM_DEVICE_CPU, 0}};
+    const auto results = conform::run_checks(target, {slip.check, slip.other});
+    REQUIRE(results.size() == 2);
+    INFO(results[0].expected << " / " << results[0].actual);
+    CHECK(results[0].failed());
+    CHECK_THAT(results[0].expected + " " + results[0].actual, Catch::Contains(slip.named));
+    INFO(results[1].id << ": " << results[1].expected << " / " << results[1].actual);
+    CHECK((results[1].passed() || results[1].skipped()));
+}
+
+TEST_CASE("the production mechanisms pass capability.copy and capability.fenced_release where they offer them",
+          "[conform][slips][streams]") {
+    struct expectation {
+        std::string path;
+        const char* mechanism;
+        device_id device;
+        const char* options;
+        bool copies; // offers the copy table: must pass; otherwise not applicable
+        bool fences; // waits on host timelines
+    };
+    std::vector<expectation> mechanisms;
+    for (const char* mechanism : {"eager", "legacy-1-0", "lazy"}) {
+        mechanisms.push_back({test::testplugin_path(), mechanism, {NXMEM_DEVICE_CPU, 0}, "", false, false});
+    }
+    if (const char* posix = std::getenv("NXMEM_POSIX_PLUGIN")) {
+        mechanisms.push_back({posix, "posix-eager", {NXMEM_DEVICE_CPU, 0}, "", true, false});
+        mechanisms.push_back({posix, "posix-lazy", {NXMEM_DEVICE_CPU, 0}, "", true, true});
+        mechanisms.push_back({posix, "posix-lazy", {NXMEM_DEVICE_CPU, 0}, "share=memfd", true, true});
+    } else {
+        WARN("NXMEM_POSIX_PLUGIN is not set: posix not checked");
+    }
+    if (const char* cuda = std::getenv("NXMEM_CUDA_PLUGIN")) {
+        for (const char* mechanism : {"cuda-eager", "cuda-vmm"}) {
+            mechanisms.push_back({cuda, mechanism, {NXMEM_DEVICE_CUDA, 0}, "", true, true});
+        }
+    } else {
+        WARN("NXMEM_CUDA_PLUGIN is not set: cuda not checked");
+    }
+    for (const expectation& expected : mechanisms) {
+        INFO("mechanism " << expected.mechanism << " with options '" << expected.options << "'");
+        conform::suite_options options;
+        options.mechanism_options = expected.options;
+        const conform::subject target{expected.path, expected.mechanism, expected.device, expected.options};
+        const auto results = conform::run_checks(target, {"capability.copy", "capability.fenced_release"}, options);
+        REQUIRE(results.size() == 2);
+        INFO(test::failures_of(results) << results[0].actual << " / " << results[1].actual);
+        CHECK(results[0].verdict == (expected.copies ? conform::outcome::pass : conform::outcome::not_applicable));
+        CHECK(results[1].verdict == (expected.fences ? conform::outcome::pass : conform::outcome::not_applicable));
+    }
 }
 
 // glibc's own heap only: under a sanitizer (checks_accounting.hpp says which) malloc is the

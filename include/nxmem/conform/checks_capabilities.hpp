@@ -253,12 +253,8 @@ struct check_capability_deferred_release {
     // and tickets that cross 2^32: a plugin keeping them in 32 bits retires tickets never issued.
     static finding wide_tickets(const subject& target, const suite_options& options) {
         detail::callback_host callbacks;
-        std::mutex retired_mutex; // D7: a completion may come from the plugin's own thread
-        std::vector<std::uint64_t> retired;
-        callbacks.on_completed = [&](const NxmemReleaseCompletion& completion) {
-            const std::lock_guard lock(retired_mutex);
-            retired.push_back(completion.ticket);
-        };
+        detail::retired_tickets retired;
+        retired.listen(callbacks);
         NXMEM_CONFORM_TRY(opened, "the mechanism opens with release_completed offered",
                           detail::callback_allocator::open(target, callbacks.table()));
         if ((opened->capabilities() & NXMEM_CAP_DEFERRED_RELEASE) == 0) {
@@ -278,11 +274,7 @@ struct check_capability_deferred_release {
                               queued.describe());
             }
         }
-        auto retired_now = [&] {
-            const std::lock_guard lock(retired_mutex);
-            return retired;
-        };
-        for (unsigned attempt = 0; attempt < options.drain_attempts && retired_now().size() < tickets.size();
+        for (unsigned attempt = 0; attempt < options.drain_attempts && retired.now().size() < tickets.size();
              ++attempt) {
             announce_step("drain_releases of the tickets across 2^32, attempt " + std::to_string(attempt + 1));
             std::uint64_t count = 0;
@@ -291,12 +283,12 @@ struct check_capability_deferred_release {
                 return failed("drain_releases succeeds", drained.describe());
             }
         }
-        if (retired_now() != tickets) {
+        if (retired.now() != tickets) {
             return failed_rule("D1 D3",
                                "tickets " + detail::describe_tickets(tickets) +
                                    " (the host's uint64_t, across 2^32) retired as given, in enqueue order, within " +
                                    std::to_string(options.drain_attempts) + " drains (D1, D3)",
-                               "retired " + detail::describe_tickets(retired_now()));
+                               "retired " + detail::describe_tickets(retired.now()));
         }
         return passed();
     }

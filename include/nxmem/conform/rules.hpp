@@ -323,6 +323,8 @@ inline constexpr std::array rules_by_check{
     check_rules{"borrowing.after_open", "O6 O13"},
     check_rules{"borrowing.request_cap", "Q4"},
     check_rules{"concurrency.usage_consistent", "G6"},
+    check_rules{"capability.copy", "CP1 CP2 CP3"},
+    check_rules{"capability.fenced_release", "F1 F3 F4 F5"},
 };
 // clang-format on
 

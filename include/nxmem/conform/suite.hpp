@@ -22,6 +22,7 @@
 #include <nxmem/conform/checks_outputs.hpp>
 #include <nxmem/conform/checks_precedence.hpp>
 #include <nxmem/conform/checks_rollback.hpp>
+#include <nxmem/conform/checks_streams.hpp>
 #include <nxmem/conform/checks_tables.hpp>
 #include <nxmem/conform/checks_unload.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
@@ -131,6 +132,10 @@ inline constexpr std::array all_checks{
         requirement::allocation, &run_for_device<check_capability_host_reclaim>},
     check_definition{"capability.ipc", "a prefix (and an allocation, where shared) exported and imported in a child process reads the same bytes (device memory: imported by a second allocator); forged handles refused", "Sharing across processes (minor 3)",
         requirement::allocation, &run_for_device<check_capability_ipc>},
+    check_definition{"capability.copy", "bytes round trip through copy both ways; refused copies touch nothing; an unlisted stream kind is refused", "Stream-ordered release and copies (minor 4)",
+        requirement::allocation, &run_for_device<check_capability_copy>},
+    check_definition{"capability.fenced_release", "a release fenced on a host timeline retires once the counter reaches its value, in enqueue order; malformed requests queue nothing", "Stream-ordered release and copies (minor 4)",
+        requirement::allocation, &check_capability_fenced_release::run},
     check_definition{"concurrency.threads", "concurrent use leaves an all-zero unload report", "Threads and re-entrancy",
         requirement::allocation, &run_for_device<check_concurrency_threads>},
     check_definition{"unload.refused_while_live", "unload is refused while objects are live", "Unload",

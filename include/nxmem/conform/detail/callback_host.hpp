@@ -82,6 +82,26 @@ private:
     NxmemHostCallbacks table_{};
 };
 
+// The tickets release_completed reported, in the order reported; a completion may come from the
+// plugin's own thread (D7).
+class retired_tickets {
+public:
+    void listen(callback_host& callbacks) {
+        callbacks.on_completed = [this](const NxmemReleaseCompletion& completion) {
+            const std::lock_guard lock(mutex_);
+            tickets_.push_back(completion.ticket);
+        };
+    }
+    std::vector<std::uint64_t> now() const {
+        const std::lock_guard lock(mutex_);
+        return tickets_;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<std::uint64_t> tickets_;
+};
+
 // An allocator of the subject's mechanism opened directly through its factory, with the suite's
 // callback table; the library stays mapped, and the allocator referenced, until this goes away.
 class callback_allocator {

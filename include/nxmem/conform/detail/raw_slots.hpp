@@ -24,6 +24,14 @@ struct slot_reply {
         std::string text(status_code_name(status_code_from_wire(code)));
         return message.empty() ? text : text + " (" + message + ")";
     }
+    // The reply of `call(status)`, a slot called with a fresh status.
+    template <class Call> static slot_reply of(Call&& call) {
+        NxmemStatus status = abi::make_status();
+        slot_reply reply;
+        reply.code = call(&status);
+        reply.message = abi::read_status_message(status);
+        return reply;
+    }
 };
 
 class raw_slots {
