@@ -477,8 +477,9 @@ private:
                     return failed_rule("F4", "nothing retires while the fence's counter reads " +
                                                  std::to_string(reading) + " of 2, the plain release queued "
                                                  "after it neither (F4)",
-                                       "the drain retired " + std::to_string(count) + " (tickets " +
-                                           detail::describe_tickets(early) + ") before its fence");
+                                       "tickets " + detail::describe_tickets(early) +
+                                           " retired before its fence (the drain counted " +
+                                           std::to_string(count) + ")");
                 }
                 NXMEM_CONFORM_TRY(pending, "the plugin reports its readiness", allocator.counts());
                 if (pending.queued_releases != before.queued_releases + 2 ||
