@@ -235,3 +235,43 @@ TEST_CASE("through the host, a release after a stream's work is the plugin's to 
         CHECK(fake.counts().device_allocations == 0);
     });
 }
+
+TEST_CASE("through the host, a copy on a stream is queued after the stream's work and the call returns at "
+          "once; a stream the copy table does not list, or another device's, is refused before the plugin",
+          "[cuda][concurrency][copy]") {
+    test::with_cuda_plugin([&](fake_driver& fake, const test::module_ptr& module) {
+        const driver_calls calls = fake.calls();
+        current_context context(calls);
+        scoped_stream stream(calls, CU_STREAM_NON_BLOCKING);
+        auto eager = test::open_or_fail<cuda_device>(module, "cuda-eager");
+        CHECK(eager.copy_stream_kinds() == (1u << NXMEM_FENCE_CUDA_STREAM));
+        const allocation<cuda_device> live = test::value_or_fail(eager.allocate(block_size, 256));
+        const host::fence on_stream{NXMEM_FENCE_CUDA_STREAM, eager.device(),
+                                    reinterpret_cast<std::uint64_t>(stream.get()), 0};
+        const std::vector<std::byte> nothing_yet(block_size, std::byte{0});
+        std::vector<std::byte> read = nothing_yet;
+        fill kernel{live.address.value, block_size, kernel_byte};
+        {
+            auto held_stream = fake.holding(stream.get());
+            REQUIRE(calls.launch_host_func(stream.get(), &run_fill, &kernel) == CUDA_SUCCESS);
+            test::value_or_fail(eager.copy_to_host(live, 0, read, on_stream)); // queued behind the kernel
+            CHECK(read == nothing_yet);
+            held_stream.let_go();
+        }
+        REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
+        CHECK(read == std::vector<std::byte>(block_size, std::byte{kernel_byte}));
+
+        std::atomic<std::uint64_t> timeline{0};
+        const auto refused_kind = eager.copy_to_host(live, 0, read, host::fence::host_timeline(timeline, 1, eager.device()));
+        REQUIRE(!refused_kind);
+        CHECK(refused_kind.error().code == status_code::unsupported_capability);
+        host::fence elsewhere = on_stream;
+        elsewhere.device.index += 1;
+        const std::vector<std::byte> written(block_size, std::byte{owner_byte});
+        const auto refused_device = eager.copy_from_host(live, 0, written, elsewhere);
+        REQUIRE(!refused_device);
+        CHECK(refused_device.error().code == status_code::wrong_device);
+        CHECK(read == std::vector<std::byte>(block_size, std::byte{kernel_byte}));
+        test::value_or_fail(eager.release(live));
+    });
+}

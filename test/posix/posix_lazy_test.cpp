@@ -282,6 +282,17 @@ TEST_CASE("posix copies (minor 4): eager anywhere, lazy only in committed pages,
         REQUIRE(eager.copy_to_host(small, 700, out));
         CHECK(out == in);
         CHECK(eager.copy_to_host(small, 701, out).error().code == status_code::invalid_argument);
+        // posix copies only synchronously (stream_kinds 0): a copy on a stream is refused by the
+        // host before the plugin is called, and nothing moves.
+        CHECK(eager.copy_stream_kinds() == 0);
+        std::atomic<std::uint64_t> timeline{0};
+        const auto on_timeline = host::fence::host_timeline(timeline, 1, eager.device());
+        std::vector<std::byte> untouched(in.size(), std::byte{0x5a});
+        const auto refused = eager.copy_to_host(small, 700, untouched, on_timeline);
+        REQUIRE(!refused);
+        CHECK(refused.error().code == status_code::unsupported_capability);
+        CHECK(refused.error().message.find("copies") != std::string::npos);
+        CHECK(untouched == std::vector<std::byte>(in.size(), std::byte{0x5a}));
         REQUIRE(eager.release(small));
 
         auto lazy = open_or_fail<cpu_device>(module, "posix-lazy");

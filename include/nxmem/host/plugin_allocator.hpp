@@ -86,35 +86,48 @@ public:
         return core_->release_after(detail::to_wire(live), fences, std::move(query));
     }
 
-    // Copies (minor 4), synchronous: the bytes have moved when the call returns. The range
-    // [offset, offset + size) must lie within the allocation or prefix (and, for virtual backing,
-    // in committed memory); UNSUPPORTED_CAPABILITY without NXMEM_CAP_COPY.
+    // Copies (minor 4) between a range of an allocation or a shared prefix and host memory. The
+    // range [offset, offset + size) must lie within it (and, for virtual backing, in committed
+    // memory); UNSUPPORTED_CAPABILITY without NXMEM_CAP_COPY. The host checks all of it before the
+    // plugin is called (CP4).
+    // Synchronous: the bytes have moved when the call returns.
     result<void> copy_to_host(const allocation<D>& live, std::uint64_t offset, std::span<std::byte> out) {
-        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_TO_HOST, offset, out.data(), out.size());
-        request.target = NXMEM_COPY_ALLOCATION;
-        request.allocation = detail::to_wire(live);
-        return core_->copy(request);
+        return copy(aimed_at(live, NXMEM_COPY_TO_HOST, offset, out.data(), out.size()), nullptr);
     }
     result<void> copy_from_host(const allocation<D>& live, std::uint64_t offset,
                                 std::span<const std::byte> in) {
-        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_FROM_HOST, offset, in.data(), in.size());
-        request.target = NXMEM_COPY_ALLOCATION;
-        request.allocation = detail::to_wire(live);
-        return core_->copy(request);
+        return copy(aimed_at(live, NXMEM_COPY_FROM_HOST, offset, in.data(), in.size()), nullptr);
     }
     result<void> copy_to_host(const shared_prefix& prefix, std::uint64_t offset, std::span<std::byte> out) {
-        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_TO_HOST, offset, out.data(), out.size());
-        request.target = NXMEM_COPY_PREFIX;
-        request.prefix = prefix.to_wire();
-        return core_->copy(request);
+        return copy(aimed_at(prefix, NXMEM_COPY_TO_HOST, offset, out.data(), out.size()), nullptr);
     }
     result<void> copy_from_host(const shared_prefix& prefix, std::uint64_t offset,
                                 std::span<const std::byte> in) {
-        NxmemCopyRequest request = detail::copy_request(NXMEM_COPY_FROM_HOST, offset, in.data(), in.size());
-        request.target = NXMEM_COPY_PREFIX;
-        request.prefix = prefix.to_wire();
-        return core_->copy(request);
+        return copy(aimed_at(prefix, NXMEM_COPY_FROM_HOST, offset, in.data(), in.size()), nullptr);
     }
+    // Ordered on a stream (CP3): queued after the work `stream` names, a fence of a kind the copy
+    // table lists (copy_stream_kinds(); cuda: NXMEM_FENCE_CUDA_STREAM), and the call returns at
+    // once. Until the caller has waited on that stream, `out` or `in` and the memory stay alive
+    // and untouched. A kind the table does not list is UNSUPPORTED_CAPABILITY (posix copies only
+    // synchronously), another device's stream WRONG_DEVICE.
+    result<void> copy_to_host(const allocation<D>& live, std::uint64_t offset, std::span<std::byte> out,
+                              const fence& stream) {
+        return copy(aimed_at(live, NXMEM_COPY_TO_HOST, offset, out.data(), out.size()), &stream);
+    }
+    result<void> copy_from_host(const allocation<D>& live, std::uint64_t offset, std::span<const std::byte> in,
+                                const fence& stream) {
+        return copy(aimed_at(live, NXMEM_COPY_FROM_HOST, offset, in.data(), in.size()), &stream);
+    }
+    result<void> copy_to_host(const shared_prefix& prefix, std::uint64_t offset, std::span<std::byte> out,
+                              const fence& stream) {
+        return copy(aimed_at(prefix, NXMEM_COPY_TO_HOST, offset, out.data(), out.size()), &stream);
+    }
+    result<void> copy_from_host(const shared_prefix& prefix, std::uint64_t offset, std::span<const std::byte> in,
+                                const fence& stream) {
+        return copy(aimed_at(prefix, NXMEM_COPY_FROM_HOST, offset, in.data(), in.size()), &stream);
+    }
+    // The stream kinds the copy table accepts (bits 1 << kind; 0: synchronous copies only, or none).
+    std::uint64_t copy_stream_kinds() const noexcept { return core_->copy_stream_kinds(); }
     // The fence kinds the mechanism waits on itself (bits 1 << kind; 0 without fenced release).
     std::uint64_t fence_kinds() const noexcept { return core_->fence_kinds(); }
 
@@ -157,6 +170,29 @@ public:
     const NxmemAllocatorVtable& checked_table() const noexcept { return core_->checked_table(); }
 
 private:
+    static NxmemCopyRequest aimed_at(const allocation<D>& live, NxmemCopyDirection direction, std::uint64_t offset,
+                                     const void* host_memory, std::size_t length) {
+        NxmemCopyRequest request = detail::copy_request(direction, offset, host_memory, length);
+        request.target = NXMEM_COPY_ALLOCATION;
+        request.allocation = detail::to_wire(live);
+        return request;
+    }
+    static NxmemCopyRequest aimed_at(const shared_prefix& prefix, NxmemCopyDirection direction, std::uint64_t offset,
+                                     const void* host_memory, std::size_t length) {
+        NxmemCopyRequest request = detail::copy_request(direction, offset, host_memory, length);
+        request.target = NXMEM_COPY_PREFIX;
+        request.prefix = prefix.to_wire();
+        return request;
+    }
+    result<void> copy(NxmemCopyRequest request, const fence* stream) {
+        NxmemFence wire{};
+        if (stream != nullptr) {
+            wire = stream->to_wire();
+            request.stream = &wire;
+        }
+        return core_->copy(request);
+    }
+
     std::shared_ptr<detail::allocator_core> core_;
 };
 

@@ -537,7 +537,8 @@ public:
     // ---- copies (minor 4) ----
 
     // Copies between the request's host memory and a range of a live allocation or a prefix,
-    // synchronously; the host checks the table, identity, liveness and the range first (CP4).
+    // synchronously or, with request.stream, queued on a stream of a kind the table lists; the
+    // host checks the table, identity, liveness, the range and the stream first (CP3, CP4).
     result<void> copy(NxmemCopyRequest request) {
         return contain("copy", [&]() -> result<void> {
             NXMEM_TRY_VOID(require(copy_, "copies", &NxmemCopyVtable::copy));
@@ -552,6 +553,10 @@ public:
                 size = request.prefix.size;
             }
             NXMEM_TRY_VOID(abi::check_copy_form(request, size));
+            if (request.stream != nullptr) {
+                NXMEM_TRY_VOID(abi::check_fence_for(*request.stream, copy_->stream_kinds, wire_device_,
+                                                    "the mechanism's copies"));
+            }
             NxmemStatus status = abi::make_status();
             return check(copy_->copy(raw_, &request, &status), status);
         });
@@ -563,6 +568,8 @@ public:
     std::uint64_t fence_kinds() const noexcept {
         return fenced_release_ ? fenced_release_->fence_kinds : 0;
     }
+    // The stream kinds copies may be queued on (bits 1 << kind; 0 without copies or synchronous only).
+    std::uint64_t copy_stream_kinds() const noexcept { return copy_ ? copy_->stream_kinds : 0; }
 
     std::uint64_t pending_releases() const {
         std::lock_guard lock(deferred_mutex_);
