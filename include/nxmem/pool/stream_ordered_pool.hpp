@@ -263,6 +263,14 @@ private:
         return !record.any_fence([&](const pool_detail::stream_fence<Policy>& fenced) { return !policy_.completed(fenced.fence); });
     }
 
+    // Its fences and the streams record_stream named: after them, the record was used on its
+    // stream alone (how a record leaves the lanes, handed out or given below).
+    void forget_other_streams(record_type& record) noexcept {
+        retire_fences(record);
+        record.used_on.clear();
+        record.fenced_elsewhere = false;
+    }
+
     void retire_fences(record_type& record) noexcept {
         for (auto& fenced : record.fences) {
             policy_.retire(std::move(fenced.fence));
@@ -274,10 +282,8 @@ private:
                                      std::uint64_t alignment) noexcept {
         record_type& record = table_[slot];
         if (record.fenced_elsewhere) [[unlikely]] {
-            retire_fences(record);
+            forget_other_streams(record); // a record used on no other stream has nothing to forget
         }
-        record.used_on.clear();
-        record.fenced_elsewhere = false;
         record.stream = stream;
         record.home_lane = lane;
         const std::uint32_t generation = record.ticket.publish(record.wire, size, alignment);
@@ -428,7 +434,7 @@ private:
     // Gives a record that left its lane back below; its slot is reused unless retired.
     std::uint64_t give_below(std::uint32_t slot) {
         record_type& record = table_[slot];
-        retire_fences(record);
+        forget_other_streams(record);
         const std::uint64_t bytes = record.below.size;
         if (!below_.release(record.below)) {
             failed_give_backs_.fetch_add(1, std::memory_order_relaxed);

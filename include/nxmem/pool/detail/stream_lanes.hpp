@@ -72,7 +72,6 @@ public:
         if (record.next != no_record) [[unlikely]] {
             table_[record.next].previous = no_record;
         }
-        record.lane = no_record;
         --owner.pending_blocks;
         owner.pending_bytes -= record.below.size;
         return slot;
@@ -82,7 +81,6 @@ public:
     template <class Record> void link(std::uint32_t index, std::uint32_t slot, Record& record) noexcept {
         lane& owner = lanes_[index];
         const std::uint32_t bin = record.bin;
-        record.lane = index;
         record.previous = no_record;
         record.next = owner.heads[bin];
         if (record.next != no_record) {
@@ -141,7 +139,6 @@ private:
         if (record.next != no_record) {
             table_[record.next].previous = record.previous;
         }
-        record.lane = no_record;
         --owner.pending_blocks;
         owner.pending_bytes -= record.below.size;
     }

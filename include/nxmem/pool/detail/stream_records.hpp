@@ -52,8 +52,7 @@ template <Device D, StreamPolicy P> struct alignas(64) stream_record {
     bool retiring = false;          // generations spent: given below once complete, never reused
     std::uint32_t home_lane = no_record; // the lane of `stream`, so a release there finds it at once
     std::uint32_t bin = 0;               // the size bin of `below`, listed in while pending
-    // While pending: its lane and its links in that lane's bin (lane's lock).
-    std::uint32_t lane = no_record;
+    // While pending: its links in its lane's bin (the lane's lock).
     std::uint32_t previous = no_record;
     std::uint32_t next = no_record;
 
