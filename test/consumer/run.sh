@@ -165,5 +165,19 @@ print("served by nxmem:", dict(u))'
   check "installed nxmem_torch.so and sitecustomize.py serve an unmodified script's tensors" installed_torch
 fi
 
+# --- PyTorch's CUDAPluggableAllocator entry points, installed wherever the cuda plugin is built ---
+if [[ -f $build_dir/engines/torch/nxmem_torch_cuda.so ]]; then
+  installed_torch_cuda() {
+    local module=$staged_libdir/nxmem/torch/nxmem_torch_cuda.so exported
+    test -f "$module" || return 1
+    exported=$(nm -D --defined-only "$module") || return 1
+    local name
+    for name in nxmem_cuda_malloc nxmem_cuda_free nxmem_cuda_record_stream nxmem_cuda_trim nxmem_cuda_last_error; do
+      grep -q " T $name\$" <<<"$exported" || { echo "$module does not export $name"; return 1; }
+    done
+  }
+  check "installed nxmem_torch_cuda.so exports the CUDAPluggableAllocator entry points" installed_torch_cuda
+fi
+
 echo "consumer: $passed passed, $failed failed"
 ((failed == 0))

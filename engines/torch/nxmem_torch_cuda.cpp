@@ -2,8 +2,9 @@
 // (include/nxmem/torch/cuda_pluggable_allocator.h, docs/TORCH.md). Per device: the plugin's
 // allocator behind a pool_allocator, behind a stream_ordered_pool whose policy records CUDA
 // events (nxmem::pytorch::cuda_stream_policy); a table by address gives free(ptr) its
-// allocation. Built wherever the cuda plugin is (it needs no libtorch), and tested over the fake
-// driver by a caller that calls it as PyTorch does (test/torch/cuda_pluggable_test.cpp).
+// allocation. Built wherever the cuda plugin is (it needs no libtorch), installed as
+// LIBDIR/nxmem/torch/nxmem_torch_cuda.so, and tested over the fake driver by a caller that calls
+// it as PyTorch does (test/torch/cuda_pluggable_test.cpp).
 //
 // Everything it makes lives until the process exits (as nxmem_torch.so's adapters do): PyTorch
 // frees tensors during interpreter shutdown, after any destructor of ours could have run.
