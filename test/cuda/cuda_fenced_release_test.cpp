@@ -17,7 +17,6 @@
 
 using namespace nxmem;
 using nxmem::test::chunk;
-using nxmem::test::copy_request;
 using nxmem::test::cuda_fence;
 using nxmem::test::current_context;
 using nxmem::test::driver_calls;
@@ -80,14 +79,14 @@ outcome kernel_then_release(fake_driver& fake, bool fenced) {
     seen.second_address = second.address;
     const std::vector<unsigned char> mine(block_size, owner_byte);
     const NxmemFence on_owner_stream = cuda_fence(NXMEM_FENCE_CUDA_STREAM, owner_stream.get());
-    REQUIRE(eager.copy(copy_request(NXMEM_COPY_FROM_HOST, second, 0, block_size,
+    REQUIRE(eager.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, second, 0, block_size,
                                     const_cast<unsigned char*>(mine.data()), &on_owner_stream)) == NXMEM_STATUS_OK);
     REQUIRE(calls.stream_synchronize(owner_stream.get()) == CUDA_SUCCESS);
 
     held_kernel_stream.let_go();
     REQUIRE(calls.stream_synchronize(kernel_stream.get()) == CUDA_SUCCESS);
     seen.second_bytes.assign(block_size, 0);
-    REQUIRE(eager.copy(copy_request(NXMEM_COPY_TO_HOST, second, 0, block_size, seen.second_bytes.data())) ==
+    REQUIRE(eager.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, second, 0, block_size, seen.second_bytes.data())) ==
             NXMEM_STATUS_OK);
     if (fenced) {
         CHECK(eager.drain() == std::vector<std::uint64_t>{ticket}); // the fence has passed

@@ -553,12 +553,12 @@ TEST_CASE("the plugin copies both ways, synchronously and on a stream", "[gpu][c
         written[i] = static_cast<unsigned char>(i * 13 + 1);
     }
     std::vector<unsigned char> read(size, 0);
-    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_FROM_HOST, live, 0, size, written.data())) ==
+    REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, live, 0, size, written.data())) ==
             NXMEM_STATUS_OK);
     raw.require(raw.copy_to_host(read.data(), live.address, read.size()), "cuMemcpyDtoH");
     CHECK(read == written);
     std::fill(read.begin(), read.end(), 0);
-    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_TO_HOST, live, 0, size, read.data())) == NXMEM_STATUS_OK);
+    REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, 0, size, read.data())) == NXMEM_STATUS_OK);
     CHECK(read == written);
 
     CUstream stream = new_stream();
@@ -566,9 +566,9 @@ TEST_CASE("the plugin copies both ways, synchronously and on a stream", "[gpu][c
     std::vector<unsigned char> later(1000, 0x3C);
     std::vector<unsigned char> read_later(later.size(), 0);
     const std::uint64_t offset = raw.granularity - 500; // across a chunk boundary
-    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_FROM_HOST, live, offset, later.size(), later.data(),
+    REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, live, offset, later.size(), later.data(),
                                               &on_stream)) == NXMEM_STATUS_OK);
-    REQUIRE(allocator.copy(test::copy_request(NXMEM_COPY_TO_HOST, live, offset, read_later.size(),
+    REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, offset, read_later.size(),
                                               read_later.data(), &on_stream)) == NXMEM_STATUS_OK);
     raw.require(calls.stream_synchronize(stream), "cuStreamSynchronize");
     CHECK(read_later == later);
@@ -595,14 +595,14 @@ TEST_CASE("a release fenced on a stream waits for the stream's work: the next ow
     CHECK(second.address != first.address);
     std::vector<unsigned char> mine(block, 'Y');
     const NxmemFence on_owner_stream = stream_fence(owner_stream);
-    REQUIRE(eager.copy(test::copy_request(NXMEM_COPY_FROM_HOST, second, 0, block, mine.data(), &on_owner_stream)) ==
+    REQUIRE(eager.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, second, 0, block, mine.data(), &on_owner_stream)) ==
             NXMEM_STATUS_OK);
     raw.require(calls.stream_synchronize(owner_stream), "cuStreamSynchronize");
 
     gate.let_go();
     raw.require(calls.stream_synchronize(kernel_stream), "cuStreamSynchronize");
     std::vector<unsigned char> read(block, 0);
-    REQUIRE(eager.copy(test::copy_request(NXMEM_COPY_TO_HOST, second, 0, block, read.data())) == NXMEM_STATUS_OK);
+    REQUIRE(eager.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, second, 0, block, read.data())) == NXMEM_STATUS_OK);
     CHECK(read == mine);
     CHECK(eager.drain() == std::vector<std::uint64_t>{ticket});
     eager.deallocate(second);

@@ -11,12 +11,10 @@
 
 using namespace nxmem;
 using nxmem::test::chunk;
-using nxmem::test::copy_request;
 using nxmem::test::cuda_fence;
 using nxmem::test::current_context;
 using nxmem::test::driver_calls;
 using nxmem::test::fake_driver;
-using nxmem::test::prefix_copy_request;
 using nxmem::test::raw_allocator;
 using nxmem::test::scoped_stream;
 
@@ -187,11 +185,11 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
         }
         const std::vector<unsigned char> written = pattern(5000, 1);
         const std::uint64_t offset = chunk - 1000; // across a chunk boundary
-        REQUIRE(allocator.copy(copy_request(NXMEM_COPY_FROM_HOST, live, offset, written.size(),
+        REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, live, offset, written.size(),
                                             const_cast<unsigned char*>(written.data()))) == NXMEM_STATUS_OK);
         CHECK(std::equal(written.begin(), written.end(), host_view(live) + offset));
         std::vector<unsigned char> read(written.size(), 0);
-        REQUIRE(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, offset, read.size(), read.data())) ==
+        REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, offset, read.size(), read.data())) ==
                 NXMEM_STATUS_OK);
         CHECK(read == written);
 
@@ -200,10 +198,10 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
         const std::vector<unsigned char> later = pattern(100, 5);
         std::vector<unsigned char> read_later(later.size(), 0);
         auto held_stream = fake.holding(stream.get());
-        REQUIRE(allocator.copy(copy_request(NXMEM_COPY_FROM_HOST, live, size - 100, later.size(),
+        REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_FROM_HOST, live, size - 100, later.size(),
                                             const_cast<unsigned char*>(later.data()), &on_stream)) ==
                 NXMEM_STATUS_OK);
-        REQUIRE(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, size - 100, read_later.size(),
+        REQUIRE(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, size - 100, read_later.size(),
                                             read_later.data(), &on_stream)) == NXMEM_STATUS_OK);
         CHECK(fake.counts().stream_work_pending == 2);
         CHECK(std::all_of(read_later.begin(), read_later.end(), [](unsigned char b) { return b == 0; }));
@@ -214,18 +212,18 @@ TEST_CASE("cuda-eager and cuda-vmm copy to and from the host, synchronously and 
         SECTION("a copy the kit refuses touches nothing") {
             std::vector<unsigned char> untouched(200, 0xEE);
             std::string message;
-            CHECK(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, size - 100, 101, untouched.data()),
+            CHECK(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, size - 100, 101, untouched.data()),
                                  &message) == NXMEM_STATUS_INVALID_ARGUMENT);
-            CHECK(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, UINT64_MAX, 2, untouched.data()),
+            CHECK(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, UINT64_MAX, 2, untouched.data()),
                                  &message) == NXMEM_STATUS_INVALID_ARGUMENT);
             CUevent event = nullptr;
             REQUIRE(calls.event_create(&event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
             const NxmemFence on_event = cuda_fence(NXMEM_FENCE_CUDA_EVENT, event);
-            CHECK(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, 0, 100, untouched.data(), &on_event),
+            CHECK(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, 0, 100, untouched.data(), &on_event),
                                  &message) == NXMEM_STATUS_UNSUPPORTED_CAPABILITY);
             NxmemFence elsewhere = on_stream;
             elsewhere.device.index = 1;
-            CHECK(allocator.copy(copy_request(NXMEM_COPY_TO_HOST, live, 0, 100, untouched.data(), &elsewhere),
+            CHECK(allocator.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, 0, 100, untouched.data(), &elsewhere),
                                  &message) == NXMEM_STATUS_WRONG_DEVICE);
             CHECK(std::all_of(untouched.begin(), untouched.end(), [](unsigned char b) { return b == 0xEE; }));
             CHECK(fake.counts().stream_work_pending == 0);
@@ -243,7 +241,7 @@ TEST_CASE("cuda-vmm refuses a copy over memory that is not committed", "[cuda][s
         const NxmemAllocation live = vmm.allocate(2 * chunk);
         std::vector<unsigned char> buffer(100, 0xEE);
         std::string message;
-        CHECK(vmm.copy(copy_request(NXMEM_COPY_TO_HOST, live, 0, buffer.size(), buffer.data()), &message) ==
+        CHECK(vmm.copy(abi::make_copy_request(NXMEM_COPY_TO_HOST, live, 0, buffer.size(), buffer.data()), &message) ==
               NXMEM_STATUS_INVALID_ARGUMENT);
         CHECK(message.find("not all committed") != std::string::npos);
         CHECK(std::all_of(buffer.begin(), buffer.end(), [](unsigned char b) { return b == 0xEE; }));
@@ -264,16 +262,16 @@ TEST_CASE("cuda-vmm copies to and from a shared prefix mapped nowhere, through a
         const std::uint64_t size = chunk + 10;
         const NxmemSharedPrefixHandle prefix = vmm.create_prefix(size);
         const std::vector<unsigned char> written = pattern(size, 9);
-        REQUIRE(vmm.copy(prefix_copy_request(NXMEM_COPY_FROM_HOST, prefix, 0, size,
+        REQUIRE(vmm.copy(abi::make_prefix_copy_request(NXMEM_COPY_FROM_HOST, prefix, 0, size,
                                              const_cast<unsigned char*>(written.data()))) == NXMEM_STATUS_OK);
         CHECK(fake.counts().mappings == 1); // the window
         std::vector<unsigned char> read(size, 0);
         const NxmemFence on_stream = cuda_fence(NXMEM_FENCE_CUDA_STREAM, stream.get());
-        REQUIRE(vmm.copy(prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 0, size, read.data(), &on_stream)) ==
+        REQUIRE(vmm.copy(abi::make_prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 0, size, read.data(), &on_stream)) ==
                 NXMEM_STATUS_OK);
         REQUIRE(calls.stream_synchronize(stream.get()) == CUDA_SUCCESS);
         CHECK(read == written);
-        CHECK(vmm.copy(prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 1, size, read.data())) ==
+        CHECK(vmm.copy(abi::make_prefix_copy_request(NXMEM_COPY_TO_HOST, prefix, 1, size, read.data())) ==
               NXMEM_STATUS_INVALID_ARGUMENT);
 
         // An allocation mapping the prefix sees what the copy wrote.

@@ -6,6 +6,7 @@
 
 #include <nxmem/abi/read_prefix.hpp>
 #include <nxmem/abi/request.hpp>
+#include <nxmem/abi/stream_requests.hpp>
 #include <nxmem/abi/status.hpp>
 #include <nxmem/conform/detail/callback_host.hpp>
 #include <nxmem/conform/detail/raw_library.hpp>
@@ -138,12 +139,8 @@ public:
     std::uint64_t release_after(const NxmemAllocation& live, const std::vector<NxmemFence>& fences,
                                 NxmemStatusCode* refused = nullptr) {
         REQUIRE(table_.fenced_release != nullptr);
-        auto request = abi::make_struct<NxmemFencedReleaseRequest>();
-        request.fence_count = static_cast<std::uint32_t>(fences.size());
-        request.allocation = live;
-        request.ticket = ++last_ticket_;
-        request.fences = fences.data();
-        request.fence_stride = sizeof(NxmemFence);
+        const NxmemFencedReleaseRequest request =
+            abi::make_fenced_release_request(live, ++last_ticket_, fences.data(), static_cast<std::uint32_t>(fences.size()));
         NxmemStatus status = abi::make_status();
         const NxmemStatusCode code = table_.fenced_release->enqueue_fenced_release(self_, &request, &status);
         if (refused != nullptr) {
@@ -198,41 +195,7 @@ private:
 
 // A CUDA fence on device 0 of the fake (or real) driver.
 inline NxmemFence cuda_fence(NxmemFenceKind kind, const void* handle) {
-    auto made = abi::make_struct<NxmemFence>();
-    made.kind = kind;
-    made.device = device_id{NXMEM_DEVICE_CUDA, 0}.to_wire();
-    made.handle = reinterpret_cast<std::uint64_t>(handle);
-    return made;
-}
-
-// A copy request for `length` bytes at `offset` of `live`.
-inline NxmemCopyRequest copy_request(NxmemCopyDirection direction, const NxmemAllocation& live,
-                                     std::uint64_t offset, std::uint64_t length, void* host_buffer,
-                                     const NxmemFence* stream = nullptr) {
-    auto made = abi::make_struct<NxmemCopyRequest>();
-    made.direction = direction;
-    made.target = NXMEM_COPY_ALLOCATION;
-    made.allocation = live;
-    made.offset = offset;
-    made.length = length;
-    made.host_buffer = host_buffer;
-    made.stream = stream;
-    return made;
-}
-
-// The same for `length` bytes at `offset` of a shared prefix.
-inline NxmemCopyRequest prefix_copy_request(NxmemCopyDirection direction, const NxmemSharedPrefixHandle& prefix,
-                                            std::uint64_t offset, std::uint64_t length, void* host_buffer,
-                                            const NxmemFence* stream = nullptr) {
-    auto made = abi::make_struct<NxmemCopyRequest>();
-    made.direction = direction;
-    made.target = NXMEM_COPY_PREFIX;
-    made.prefix = prefix;
-    made.offset = offset;
-    made.length = length;
-    made.host_buffer = host_buffer;
-    made.stream = stream;
-    return made;
+    return abi::make_fence(kind, device_id{NXMEM_DEVICE_CUDA, 0}.to_wire(), reinterpret_cast<std::uint64_t>(handle));
 }
 
 } // namespace nxmem::test

@@ -2,6 +2,7 @@
 // HOST_TIMELINE waits and a mechanism's watched fences) and copies, each request checked before
 // anything is touched. In-process, through the C table the kit builds.
 #include <nxmem/abi/fence.hpp>
+#include <nxmem/abi/stream_requests.hpp>
 #include <nxmem/plugin.hpp>
 
 #include <catch2/catch.hpp>
@@ -144,30 +145,15 @@ public:
     }
 
     NxmemFence timeline(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const {
-        auto fence = abi::make_struct<NxmemFence>();
-        fence.kind = NXMEM_FENCE_HOST_TIMELINE;
-        fence.device = device_.to_wire();
-        fence.handle = reinterpret_cast<std::uint64_t>(&counter);
-        fence.value = value;
-        return fence;
+        return abi::make_fence(NXMEM_FENCE_HOST_TIMELINE, device_.to_wire(), reinterpret_cast<std::uint64_t>(&counter), value);
     }
-    NxmemFence device_fence(std::uint64_t id) const {
-        auto fence = abi::make_struct<NxmemFence>();
-        fence.kind = NXMEM_FENCE_CUDA_EVENT;
-        fence.device = device_.to_wire();
-        fence.handle = id;
-        return fence;
-    }
+    NxmemFence device_fence(std::uint64_t id) const { return abi::make_fence(NXMEM_FENCE_CUDA_EVENT, device_.to_wire(), id); }
 
     NxmemStatusCode enqueue_fenced(const NxmemAllocation& live, std::uint64_t ticket,
                                    const std::vector<NxmemFence>& fences,
                                    std::uint32_t stride = sizeof(NxmemFence)) {
-        auto request = abi::make_struct<NxmemFencedReleaseRequest>();
-        request.fence_count = static_cast<std::uint32_t>(fences.size());
-        request.allocation = live;
-        request.ticket = ticket;
-        request.fences = fences.data();
-        request.fence_stride = stride;
+        const NxmemFencedReleaseRequest request =
+            abi::make_fenced_release_request(live, ticket, fences.data(), static_cast<std::uint32_t>(fences.size()), stride);
         auto status = abi::make_struct<NxmemStatus>();
         const NxmemStatusCode code =
             table_->fenced_release->enqueue_fenced_release(table_, &request, &status);
@@ -184,14 +170,7 @@ public:
     NxmemStatusCode copy(const NxmemAllocation& live, NxmemCopyDirection direction,
                          std::uint64_t offset, std::uint64_t length, void* buffer,
                          const NxmemFence* stream = nullptr) {
-        auto request = abi::make_struct<NxmemCopyRequest>();
-        request.direction = direction;
-        request.target = NXMEM_COPY_ALLOCATION;
-        request.allocation = live;
-        request.offset = offset;
-        request.length = length;
-        request.host_buffer = buffer;
-        request.stream = stream;
+        const NxmemCopyRequest request = abi::make_copy_request(direction, live, offset, length, buffer, stream);
         auto status = abi::make_struct<NxmemStatus>();
         const NxmemStatusCode code = table_->copy->copy(table_, &request, &status);
         UNSCOPED_INFO(status.message);

@@ -13,6 +13,7 @@
 
 #include <nxmem/abi/fence.hpp>
 #include <nxmem/abi/read_prefix.hpp>
+#include <nxmem/abi/stream_requests.hpp>
 #include <nxmem/conform/check.hpp>
 #include <nxmem/conform/check_revision.hpp>
 #include <nxmem/conform/checks_accounting.hpp>
@@ -49,12 +50,7 @@ result<std::optional<T>> raw_stream_table(const T* untrusted) {
 // A host timeline fence on `counter` (F1), of the allocator's device.
 inline NxmemFence timeline_fence(const std::atomic<std::uint64_t>& counter, std::uint64_t value,
                                  device_id device) {
-    auto fence = abi::make_struct<NxmemFence>();
-    fence.kind = NXMEM_FENCE_HOST_TIMELINE;
-    fence.device = device.to_wire();
-    fence.handle = reinterpret_cast<std::uint64_t>(&counter);
-    fence.value = value;
-    return fence;
+    return abi::make_fence(NXMEM_FENCE_HOST_TIMELINE, device.to_wire(), reinterpret_cast<std::uint64_t>(&counter), value);
 }
 
 // Fences laid out `stride` bytes apart in 8-aligned memory, as a sender of a larger NxmemFence
@@ -125,10 +121,7 @@ private:
 
     static NxmemCopyRequest request_for(const NxmemAllocation& live, NxmemCopyDirection direction,
                                         std::uint64_t offset, std::uint64_t length, void* buffer) {
-        NxmemCopyRequest request = host::detail::copy_request(direction, offset, buffer, length);
-        request.target = NXMEM_COPY_ALLOCATION;
-        request.allocation = live;
-        return request;
+        return abi::make_copy_request(direction, live, offset, length, buffer);
     }
 
     static std::string range_of(const NxmemCopyRequest& request) {
@@ -344,9 +337,7 @@ private:
     // only answers UNSUPPORTED_CAPABILITY, which passes.
     static finding copy_prefix(const copier& copies, const NxmemSharedPrefixHandle& prefix) {
         std::vector<unsigned char> memory = pattern(bytes, 3);
-        NxmemCopyRequest whole = host::detail::copy_request(NXMEM_COPY_FROM_HOST, 0, memory.data(), bytes);
-        whole.target = NXMEM_COPY_PREFIX;
-        whole.prefix = prefix;
+        const NxmemCopyRequest whole = abi::make_prefix_copy_request(NXMEM_COPY_FROM_HOST, prefix, 0, bytes, memory.data());
         announce_step("FROM_HOST copy of a whole 64 KiB shared prefix");
         const detail::slot_reply reply = copies.call(whole);
         if (reply.code == NXMEM_STATUS_UNSUPPORTED_CAPABILITY) {
@@ -421,12 +412,7 @@ private:
 
         detail::slot_reply enqueue(const NxmemAllocation& live, std::uint64_t ticket, const NxmemFence* fences,
                                    std::uint32_t count, std::uint32_t stride) const {
-            auto request = abi::make_struct<NxmemFencedReleaseRequest>();
-            request.fence_count = count;
-            request.allocation = live;
-            request.ticket = ticket;
-            request.fences = fences;
-            request.fence_stride = stride;
+            const NxmemFencedReleaseRequest request = abi::make_fenced_release_request(live, ticket, fences, count, stride);
             return detail::slot_reply::of([&](NxmemStatus* status) {
                 return table.enqueue_fenced_release(slots.self(), &request, status);
             });

@@ -2,6 +2,7 @@
 // DeviceAllocator concept as the engine's own allocators.
 #pragma once
 
+#include <nxmem/abi/stream_requests.hpp>
 #include <nxmem/concepts/device_allocator.hpp>
 #include <nxmem/host/detail/allocator_core.hpp>
 #include <nxmem/host/fence.hpp>
@@ -29,17 +30,6 @@ template <Device D> NxmemAllocation to_wire(const allocation<D>& live) {
                            .address = D::to_wire(live.address),
                            .size = live.size,
                            .alignment = live.alignment};
-}
-// A synchronous copy request (minor 4) for `length` bytes at `offset` and `host_memory`.
-inline NxmemCopyRequest copy_request(NxmemCopyDirection direction, std::uint64_t offset,
-                                     const void* host_memory, std::size_t length) {
-    auto request = abi::make_struct<NxmemCopyRequest>();
-    request.direction = direction;
-    request.offset = offset;
-    request.length = length;
-    // The ABI has one pointer for both directions; a FROM_HOST copy only reads through it (CP1).
-    request.host_buffer = const_cast<void*>(host_memory);
-    return request;
 }
 template <Device D> allocation<D> from_wire(const NxmemAllocation& described) {
     return allocation<D>{D::from_wire(described.address), described.size, described.alignment,
@@ -172,17 +162,11 @@ public:
 private:
     static NxmemCopyRequest aimed_at(const allocation<D>& live, NxmemCopyDirection direction, std::uint64_t offset,
                                      const void* host_memory, std::size_t length) {
-        NxmemCopyRequest request = detail::copy_request(direction, offset, host_memory, length);
-        request.target = NXMEM_COPY_ALLOCATION;
-        request.allocation = detail::to_wire(live);
-        return request;
+        return abi::make_copy_request(direction, detail::to_wire(live), offset, length, host_memory);
     }
     static NxmemCopyRequest aimed_at(const shared_prefix& prefix, NxmemCopyDirection direction, std::uint64_t offset,
                                      const void* host_memory, std::size_t length) {
-        NxmemCopyRequest request = detail::copy_request(direction, offset, host_memory, length);
-        request.target = NXMEM_COPY_PREFIX;
-        request.prefix = prefix.to_wire();
-        return request;
+        return abi::make_prefix_copy_request(direction, prefix.to_wire(), offset, length, host_memory);
     }
     result<void> copy(NxmemCopyRequest request, const fence* stream) {
         NxmemFence wire{};
