@@ -278,6 +278,34 @@ public:
         return total;
     }
 
+    // The records' total weight at one instant, for a weighted_record, handed to
+    // `with_total(std::uint64_t)` while every shard's lock is still held (taken in shard order;
+    // no other path holds two), so the caller can add totals kept under a lock of its own that
+    // ranks after the shards'. weight() can count a record that left a shard it had already read
+    // for one it had not twice, more than was ever held at once (docs/ABI.md G6); this cannot.
+    // It stops every shard for a moment: for rare readers (a usage query).
+    template <class WithTotal>
+    auto weight_at_once(WithTotal&& with_total) noexcept(noexcept(with_total(std::uint64_t{})))
+        requires weighted_record<Record>
+    {
+        for (shard& owner : shards_) {
+            owner.lock.lock();
+        }
+        struct unlock_all {
+            std::array<shard, shard_count>& shards;
+            ~unlock_all() {
+                for (shard& owner : shards) {
+                    owner.lock.unlock();
+                }
+            }
+        } held{shards_};
+        std::uint64_t total = 0;
+        for (const shard& owner : shards_) {
+            total += owner.published_weight.load(std::memory_order_relaxed);
+        }
+        return with_total(total);
+    }
+
     // The bytes the table holds: its shards and their slot arrays.
     std::size_t bytes() const noexcept {
         std::size_t total = sizeof(*this);

@@ -11,8 +11,9 @@
 // its lock per allocate and release).
 //
 // The registry sums the usable bytes of its records (reserved_bytes, the usage query's figure):
-// per shard under the shard's lock, plus the whole records' under the side table's, so reading
-// the total takes no lock and allocate writes no counter other threads write.
+// per shard under the shard's lock, plus the whole records' under the side table's, so allocate
+// writes no counter other threads write; reading the total takes every one of those locks for a
+// moment, so it is a total some serial order of the racing calls could give.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
@@ -286,11 +287,16 @@ public:
 
     // Allocations recorded now.
     std::size_t size() const noexcept { return records_.size(); }
-    // The usable bytes of the allocations recorded now (their blocks' sizes): a sum of totals
-    // each kept exact under its own lock, so it never passes below zero and is exact when no
-    // call is in flight.
-    std::uint64_t reserved_bytes() const noexcept {
-        return records_.weight() + whole_bytes_.load(std::memory_order_relaxed);
+    // The usable bytes of the allocations recorded now (their blocks' sizes), as at one instant:
+    // the shards' totals and the whole records' are read with every shard's lock and the side
+    // table's held (lock order: shards, then side table), so an allocation released from one
+    // shard and made in another while they are read is not counted twice (docs/ABI.md G6: the
+    // usage query gives totals some serial order of the racing calls could give).
+    std::uint64_t reserved_bytes() {
+        return records_.weight_at_once([&](std::uint64_t packed) {
+            std::lock_guard lock(side_mutex_);
+            return packed + whole_bytes_.load(std::memory_order_relaxed);
+        });
     }
     // The memory the registry holds: the table, and the side tables' entries (about: one node
     // and the id vector per allocation with a mapping).
