@@ -15,8 +15,8 @@
 // memory is short, so removal never fails and never needs memory.
 //
 // A record that weighs something (weighted_record: the bytes of an allocation, say) is summed per
-// shard beside the count, under the shard's lock that the change holds anyway, so a total is
-// read without a lock and without a counter every thread writes.
+// shard beside the count, under the shard's lock that the change holds anyway, so no counter is
+// one every thread writes; a total is read with every shard's lock held for a moment.
 #pragma once
 
 #include <nxmem/abi/result.hpp>
@@ -266,23 +266,12 @@ public:
         return total;
     }
 
-    // The records' total weight now, for a weighted_record (a sum of per-shard totals, each exact
-    // under its lock: exact when no call is in flight, and never below zero).
-    std::uint64_t weight() const noexcept
-        requires weighted_record<Record>
-    {
-        std::uint64_t total = 0;
-        for (const shard& owner : shards_) {
-            total += owner.published_weight.load(std::memory_order_relaxed);
-        }
-        return total;
-    }
-
     // The records' total weight at one instant, for a weighted_record, handed to
     // `with_total(std::uint64_t)` while every shard's lock is still held (taken in shard order;
     // no other path holds two), so the caller can add totals kept under a lock of its own that
-    // ranks after the shards'. weight() can count a record that left a shard it had already read
-    // for one it had not twice, more than was ever held at once (docs/ABI.md G6); this cannot.
+    // ranks after the shards'. Summed shard by shard without the locks, a record that left a
+    // shard already read for one not yet read would count twice, more than was ever held at once
+    // (docs/ABI.md G6).
     // It stops every shard for a moment: for rare readers (a usage query).
     template <class WithTotal>
     auto weight_at_once(WithTotal&& with_total) noexcept(noexcept(with_total(std::uint64_t{})))
@@ -350,8 +339,8 @@ private:
         // Copies of count and capacity readable without the lock (size(), bytes()).
         std::atomic<std::size_t> published_count{0};
         std::atomic<std::size_t> published_capacity{0};
-        // The weighted records' total, only ever written under the lock (weight()); takes no
-        // room in a shard of unweighted records.
+        // The weighted records' total, only ever written under the lock (weight_at_once); takes
+        // no room in a shard of unweighted records.
         [[no_unique_address]] std::conditional_t<weighted_record<Record>, std::atomic<std::uint64_t>,
                                                  unweighed> published_weight{};
         Record empty_key_record{};
