@@ -163,6 +163,8 @@ public:
     // retention limit and reclaim give 0), so the regions listed keep their memory and addresses
     // (pool/pool_lease.hpp). It must end before the pool.
     pool_lease lease() noexcept { return source_.lease(); }
+    // The leases held now.
+    std::uint64_t leases() const noexcept { return source_.leases(); }
 
     Upstream& upstream() noexcept { return source_.upstream(); }
     const Upstream& upstream() const noexcept { return source_.upstream(); }
