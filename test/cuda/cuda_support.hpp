@@ -53,6 +53,7 @@ struct driver_calls {
     PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async = nullptr;
     PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async = nullptr;
     PFN_cuLaunchHostFunc_v10000 launch_host_func = nullptr;
+    PFN_cuMemGetInfo_v3020 mem_get_info = nullptr;
 
     explicit driver_calls(void* library) {
         resolver_ = reinterpret_cast<PFN_cuGetProcAddress_v12000>(::dlsym(library, "cuGetProcAddress_v2"));
@@ -78,6 +79,7 @@ struct driver_calls {
         entry("cuMemcpyHtoDAsync", 3020, memcpy_htod_async);
         entry("cuMemcpyDtoHAsync", 3020, memcpy_dtoh_async);
         entry("cuLaunchHostFunc", 10000, launch_host_func);
+        entry("cuMemGetInfo", 3020, mem_get_info);
     }
 
 private:
