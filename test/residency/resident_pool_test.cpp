@@ -358,11 +358,12 @@ TEST_CASE("a pool destroyed asleep gives its reservation back once and leaves no
     CHECK(open_descriptors() == descriptors);
 }
 
-// A process killed while asleep or in the middle of a sleep leaves nothing in the directory a
-// restart could take for a backup: the file never had a name.
-TEST_CASE("a process killed mid-sleep or asleep leaves no backup file behind", "[residency]") {
+// A process killed in the middle of a sleep, asleep, or in the middle of a wake leaves nothing in
+// the directory a restart could take for a backup: the file never had a name.
+TEST_CASE("a process killed mid-sleep, asleep or mid-wake leaves no backup file behind", "[residency]") {
     scratch_directory directory;
-    for (const bool mid_sleep : {true, false}) {
+    enum class moment { mid_sleep, asleep, mid_wake };
+    for (const moment killed : {moment::mid_sleep, moment::asleep, moment::mid_wake}) {
         int ready[2];
         REQUIRE(::pipe(ready) == 0);
         const pid_t child = ::fork();
@@ -371,45 +372,48 @@ TEST_CASE("a process killed mid-sleep or asleep leaves no backup file behind", "
             ::close(ready[0]);
             resident pool("weights", test_options());
             auto live = fill_every_layer(pool);
-            if (mid_sleep) {
-                // Another thread holds the upstream's lock, so the sleep stops in its first
-                // decommit, the backup written: the parent kills it there.
-                auto& commits = *pool.upstream().commits;
-                std::atomic<bool> locked{false};
-                std::thread holder([&] {
-                    commits.mutex.lock();
-                    locked.store(true);
-                    ::pause();
-                });
-                while (!locked.load()) {
-                    std::this_thread::yield();
-                }
-                (void)!::write(ready[1], "s", 1);
+            if (killed != moment::mid_sleep) {
                 (void)pool.sleep(sleep_policy::file_in(directory.path));
-                holder.join();
-            } else {
-                (void)pool.sleep(sleep_policy::file_in(directory.path));
-                (void)!::write(ready[1], "a", 1);
             }
-            ::pause();
+            if (killed == moment::asleep) {
+                (void)!::write(ready[1], "a", 1);
+                ::pause();
+                std::_Exit(0);
+            }
+            // Another thread holds the upstream's lock, so the sleep stops in its first decommit
+            // (the backup written) and the wake in its first commit: the parent kills it there.
+            auto& commits = *pool.upstream().commits;
+            std::atomic<bool> locked{false};
+            std::thread holder([&] {
+                commits.mutex.lock();
+                locked.store(true);
+                ::pause();
+            });
+            while (!locked.load()) {
+                std::this_thread::yield();
+            }
+            (void)!::write(ready[1], "s", 1);
+            if (killed == moment::mid_sleep) {
+                (void)pool.sleep(sleep_policy::file_in(directory.path));
+            } else {
+                (void)pool.wake();
+            }
+            holder.join();
             std::_Exit(0);
         }
         ::close(ready[1]);
         char signal_byte = 0;
         REQUIRE(::read(ready[0], &signal_byte, 1) == 1);
         ::close(ready[0]);
-        if (mid_sleep) {
-            // The child holds the ledger's lock, so its sleep blocks in the first decommit after
-            // the backup; wait for its file to exist (it is unnamed, so look at its descriptors).
-            const std::string fds = "/proc/" + std::to_string(child) + "/fd";
-            for (bool found = false; !found;) {
-                for (const auto& entry : std::filesystem::directory_iterator(fds)) {
-                    std::error_code ignored;
-                    const auto target = std::filesystem::read_symlink(entry.path(), ignored).string();
-                    found = found || target.find(directory.path) == 0;
-                }
-                std::this_thread::yield();
+        // The backup file exists (it is unnamed: look at the child's descriptors).
+        const std::string fds = "/proc/" + std::to_string(child) + "/fd";
+        for (bool found = false; !found;) {
+            for (const auto& entry : std::filesystem::directory_iterator(fds)) {
+                std::error_code ignored;
+                const auto target = std::filesystem::read_symlink(entry.path(), ignored).string();
+                found = found || target.find(directory.path) == 0;
             }
+            std::this_thread::yield();
         }
         CHECK(entries_in(directory.path) == 0);
         ::kill(child, SIGKILL);
