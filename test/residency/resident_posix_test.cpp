@@ -154,3 +154,25 @@ TEST_CASE("posix-lazy: discard gives the memory back and a refilled cache reads 
         REQUIRE(pool->release(tensor));
     }
 }
+
+TEST_CASE("residency as HOST.md shows it: a tagged pool slept to a file and woken by every tag", "[residency][posix][docs]") {
+    auto module = test::load_or_fail(test::plugin_path("NXMEM_POSIX_PLUGIN"));
+    nxmem::pool_options options;
+    options.reserve_bytes = 8ull << 30; // address space, not memory
+    auto weights = std::make_shared<nxmem::resident_pool<nxmem::host::plugin_allocator<nxmem::cpu_device>>>(
+        "weights", options, nxmem::host::open_allocator<nxmem::cpu_device>(module, "posix-lazy").value());
+    auto tensor = weights->allocate(64 << 20, 64).value();
+    std::memset(tensor.address, 0x5a, tensor.size);
+
+    nxmem::residency_tags tags;
+    tags.add(weights);
+    auto slept = tags.sleep(std::vector<std::string>{"weights"},
+                            nxmem::sleep_policy::file_in(std::filesystem::temp_directory_path()));
+    REQUIRE(slept.has_value());
+    CHECK(slept.value().bytes >= tensor.size);
+    CHECK(weights->residency().backup_location == "an unnamed file in " + std::filesystem::temp_directory_path().string());
+    auto woken = tags.wake({});
+    REQUIRE(woken.has_value());
+    CHECK(static_cast<unsigned char*>(tensor.address)[tensor.size - 1] == 0x5a);
+    REQUIRE(weights->release(tensor));
+}
