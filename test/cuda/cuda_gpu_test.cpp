@@ -9,6 +9,8 @@
 //   stream order (ABI minor 4): the plugin's copies both ways, synchronous and on a stream, and a
 //   release fenced on a stream whose work is still pending (held by a host function waiting on
 //   a gate) leaving the next owner's bytes alone
+//   residency: a resident pool over cuda-vmm slept with host backups and woken (cuMemGetInfo
+//   before, asleep and after; sleep and wake times; every byte back at its device address)
 // Without libcuda.so.1 or a device it prints why and exits 77 (skipped). It runs from any
 // directory: the plugin is the first argument (or NXMEM_CUDA_PLUGIN); NXMEM_CUDA_DRIVER, if set,
 // names the driver (the meson smoke run points it at the fake driver).
@@ -19,6 +21,7 @@
 
 #include <nxmem/host.hpp>
 #include <nxmem/host/handle_transport.hpp>
+#include <nxmem/residency.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -574,6 +577,54 @@ TEST_CASE("the plugin copies both ways, synchronously and on a stream", "[gpu][c
     CHECK(read_later == later);
     raw.require(raw.api().stream_destroy(stream), "cuStreamDestroy");
     allocator.deallocate(live);
+}
+
+TEST_CASE("a resident cuda-vmm pool sleeps with a host backup, frees the device, and wakes with every byte at "
+          "its address",
+          "[gpu][residency]") {
+    auto module = load_plugin();
+    const std::uint64_t free_at_start = raw.free_bytes();
+    pool_options options;
+    options.reserve_bytes = 1024 * mib;
+    auto pool = std::make_shared<resident_pool<host::plugin_allocator<cuda_device>>>(
+        "weights", options, value_or_fail(host::open_allocator<cuda_device>(module, "cuda-vmm")));
+    std::vector<allocation<cuda_device>> tensors;
+    std::vector<std::vector<unsigned char>> contents;
+    for (int index = 0; index < 4; ++index) {
+        tensors.push_back(value_or_fail(pool->allocate(32 * mib + index * 4096, 256)));
+        contents.emplace_back(tensors.back().size);
+        for (std::size_t at = 0; at < contents.back().size(); ++at) {
+            contents.back()[at] = static_cast<unsigned char>(at * 7 + index);
+        }
+        raw.require(raw.copy_to_device(tensors.back().address.value, contents.back().data(), contents.back().size()),
+                    "cuMemcpyHtoD");
+    }
+    const std::uint64_t free_awake = raw.free_bytes();
+    const auto sleep_start = clock_type::now();
+    const auto slept = value_or_fail(pool->sleep(sleep_policy::host()));
+    const double sleep_us = microseconds_since(sleep_start);
+    const std::uint64_t free_asleep = raw.free_bytes();
+    const auto wake_start = clock_type::now();
+    value_or_fail(pool->wake());
+    const double wake_us = microseconds_since(wake_start);
+    const std::uint64_t free_woken = raw.free_bytes();
+
+    figure_bytes("residency: pool committed, awake (cuMemGetInfo delta)", grew(free_at_start, free_awake));
+    figure_bytes("residency: pool committed, asleep (cuMemGetInfo delta)", grew(free_at_start, free_asleep));
+    figure_bytes("residency: pool committed, woken (cuMemGetInfo delta)", grew(free_at_start, free_woken));
+    figure_bytes("residency: backed up to host memory", slept.backed_up_bytes);
+    figure("residency: sleep, host backup of the pool", timing::of({sleep_us}));
+    figure("residency: wake, host backup restored", timing::of({wake_us}));
+    CHECK(grew(free_at_start, free_awake) >= 128 * mib);
+    // Asleep, the device holds none of the pool's memory (the driver's own bookkeeping aside).
+    CHECK(grew(free_at_start, free_asleep) < raw.granularity);
+    CHECK(free_woken == free_awake);
+    for (std::size_t index = 0; index < tensors.size(); ++index) {
+        std::vector<unsigned char> back(tensors[index].size);
+        raw.require(raw.copy_to_host(back.data(), tensors[index].address.value, back.size()), "cuMemcpyDtoH");
+        CHECK(back == contents[index]);
+        REQUIRE(pool->release(tensors[index]));
+    }
 }
 
 TEST_CASE("a release fenced on a stream waits for the stream's work: the next owner keeps its bytes",
