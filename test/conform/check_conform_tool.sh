@@ -1,14 +1,17 @@
 #!/bin/sh
 # nxmem conform on the test plugin: the segfaulting mechanism is reported as crashed during the
 # check and step that were running, at the faulting address; the other mechanisms are still
-# reported, the exit status is non-zero, and --junit writes XML that parses. Usage: check_conform_tool.sh NXMEM TESTPLUGIN SCRATCH_DIR
+# reported, the exit status is non-zero, and --junit writes XML that parses. Usage:
+#   check_conform_tool.sh NXMEM TESTPLUGIN SCRATCH_DIR [--mechanism NAME]...
+# (the options after SCRATCH_DIR go to nxmem conform: the sanitizer builds name the six asserted on)
 # Exits 77 (skipped) when python3 is not available to parse the XML.
 command -v python3 >/dev/null 2>&1 || { echo "python3 not found: cannot check the XML" >&2; exit 77; }
 nxmem=$1
 plugin=$2
 junit=$3/conform-testplugin.junit.xml
+shift 3
 rm -f "$junit"
-output=$("$nxmem" conform --junit "$junit" "$plugin")
+output=$("$nxmem" conform --junit "$junit" "$@" "$plugin")
 status=$?
 printf '%s\n' "$output"
 fail() { echo "check_conform_tool.sh: $*" >&2; exit 1; }
@@ -39,3 +42,13 @@ crashed = suites["segfaulting"]
 failures = [c.get("name") for c in crashed.findall("testcase") if c.find("failure") is not None]
 assert failures == ["allocation.basic"], failures
 PY
+# --mechanism, repeated, checks exactly those (the gcc build, which ran them all above); a name the
+# plugin does not list refuses the run, naming it.
+if [ "$#" -eq 0 ]; then
+    two=$("$nxmem" conform --mechanism eager --mechanism lazy "$plugin")
+    [ "$(printf '%s\n' "$two" | grep -c '^  mechanism ')" -eq 2 ] || fail "--mechanism eager --mechanism lazy did not check exactly two"
+    unknown=$("$nxmem" conform --mechanism eager --mechanism no-such-mechanism "$plugin")
+    [ "$?" -eq 1 ] || fail "an unknown --mechanism did not fail the run"
+    printf '%s\n' "$unknown" | grep -q "no mechanism called 'no-such-mechanism'" || fail "the refusal does not name the unknown mechanism"
+fi
+exit 0

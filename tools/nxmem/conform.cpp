@@ -19,7 +19,7 @@ namespace {
 
 struct conform_options {
     std::vector<std::string> plugins;
-    std::string mechanism;
+    std::vector<std::string> mechanisms;
     std::string device;
     bool json = false;
     std::string junit;
@@ -52,9 +52,7 @@ int run_conform(const conform_options& options) {
     for (const std::string& path : paths) {
         conform_request request;
         request.path = path;
-        if (!options.mechanism.empty()) {
-            request.mechanism = options.mechanism;
-        }
+        request.mechanisms = options.mechanisms;
         if (!options.device.empty()) {
             request.device = parse_device(options.device); // already validated
         }
@@ -111,7 +109,10 @@ subcommand add_conform(CLI::App& parent) {
         "Exit status: 0 when every mechanism conforms, 1 when any check failed, a mechanism\n"
         "crashed or a plugin was refused, 2 on bad usage.");
     add_plugin_argument(*conform, options->plugins, "Plugin shared objects (.so) to check");
-    add_mechanism_option(*conform, options->mechanism, "Check only the mechanism of this name");
+    conform->add_option("--mechanism", options->mechanisms,
+                        "Check only the mechanism of this name (repeat it for several)")
+        ->type_name("NAME")
+        ->allow_extra_args(false); // one name per --mechanism: the plugin paths follow
     conform
         ->add_option("--device", options->device,
                      "Check on this device instead of each mechanism's first: cpu:0, cuda:1, ...")

@@ -143,17 +143,15 @@ plugin_run run_oom(const conform_request& request) {
     if (run.load_error) {
         return run;
     }
-    bool found = false;
-    for (const listed_mechanism& mechanism : listed) {
-        if (request.mechanism && mechanism.name != *request.mechanism) {
-            continue;
-        }
-        found = true;
-        run.mechanisms.push_back(run_mechanism_oom(
-            request, mechanism.name, request.device ? *request.device : mechanism.device));
+    if (auto unlisted = unlisted_mechanism(request, listed)) {
+        run.load_error = std::move(unlisted);
+        return run;
     }
-    if (request.mechanism && !found) {
-        run.load_error = "the plugin has no mechanism called '" + *request.mechanism + "'";
+    for (const listed_mechanism& mechanism : listed) {
+        if (asks_for(request, mechanism.name)) {
+            run.mechanisms.push_back(run_mechanism_oom(
+                request, mechanism.name, request.device ? *request.device : mechanism.device));
+        }
     }
     return run;
 }

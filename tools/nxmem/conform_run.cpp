@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <exception>
 #include <string_view>
 
@@ -206,19 +207,33 @@ plugin_run run_conformance(const conform_request& request) {
     if (run.load_error) {
         return run;
     }
-    bool found = false;
-    for (const listed_mechanism& mechanism : listed) {
-        if (request.mechanism && mechanism.name != *request.mechanism) {
-            continue;
-        }
-        found = true;
-        run.mechanisms.push_back(
-            run_mechanism(request, mechanism.name, request.device ? *request.device : mechanism.device));
+    if (auto unlisted = unlisted_mechanism(request, listed)) {
+        run.load_error = std::move(unlisted);
+        return run;
     }
-    if (request.mechanism && !found) {
-        run.load_error = "the plugin has no mechanism called '" + *request.mechanism + "'";
+    for (const listed_mechanism& mechanism : listed) {
+        if (asks_for(request, mechanism.name)) {
+            run.mechanisms.push_back(
+                run_mechanism(request, mechanism.name, request.device ? *request.device : mechanism.device));
+        }
     }
     return run;
+}
+
+bool asks_for(const conform_request& request, const std::string& name) {
+    return request.mechanisms.empty() ||
+           std::find(request.mechanisms.begin(), request.mechanisms.end(), name) != request.mechanisms.end();
+}
+
+std::optional<std::string> unlisted_mechanism(const conform_request& request,
+                                              const std::vector<listed_mechanism>& listed) {
+    for (const std::string& asked : request.mechanisms) {
+        if (std::none_of(listed.begin(), listed.end(),
+                         [&](const listed_mechanism& mechanism) { return mechanism.name == asked; })) {
+            return "the plugin has no mechanism called '" + asked + "'";
+        }
+    }
+    return std::nullopt;
 }
 
 } // namespace nxmem::tool

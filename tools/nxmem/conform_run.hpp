@@ -41,7 +41,7 @@ struct plugin_run {
 
 struct conform_request {
     std::string path;
-    std::optional<std::string> mechanism; // only this one
+    std::vector<std::string> mechanisms;  // only these (--mechanism, repeated); every one when empty
     std::optional<device_id> device;      // instead of each mechanism's default
     unsigned timeout_seconds = 300;       // per mechanism
     std::string mechanism_options;        // key=value open options for every mechanism (--options)
@@ -58,6 +58,12 @@ struct listed_mechanism {
 // Lists the plugin's mechanisms in a child; a plugin that cannot be loaded sets run.load_error.
 void list_mechanisms(const conform_request& request, plugin_run& run,
                      std::vector<listed_mechanism>& listed);
+
+// Whether the request asks for mechanism `name` (every one when it names none).
+bool asks_for(const conform_request& request, const std::string& name);
+// The refusal when the request names a mechanism the plugin does not list.
+std::optional<std::string> unlisted_mechanism(const conform_request& request,
+                                              const std::vector<listed_mechanism>& listed);
 
 // Lists the plugin's mechanisms in one child, then runs each mechanism's checks in another.
 plugin_run run_conformance(const conform_request& request);
