@@ -6,6 +6,7 @@
 
 #include <nxmem/host/ipc_view.hpp>
 #include <nxmem/host/pooled_allocator.hpp>
+#include <nxmem/residency.hpp>
 #include <nxmem/transfer.hpp>
 
 #include <cstdlib>
@@ -464,4 +465,28 @@ TEST_CASE("a pool is registered once, its allocations are described without UCX,
     // Deregistered (the handles went): the lease ended, trim gives the idle memory back.
     CHECK(agent.registration_count() == 0);
     CHECK(pool->trim(0) > 0);
+}
+
+TEST_CASE("a resident pool registered for transfer refuses to sleep until it is deregistered") {
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent agent = value_or_fail(transfer::agent::start({"sleeper", transports(), true}));
+    pool_options options;
+    options.reserve_bytes = 64 * 1024 * 1024;
+    auto pool = std::make_shared<resident_pool<host::plugin_allocator<cpu_device>>>(
+        "kv", options, open_or_fail<cpu_device>(module, "posix-lazy"));
+    const allocation<cpu_device> block = value_or_fail(pool->allocate(64 * 1024, 4096));
+    std::memset(block.address, 0x5c, block.size);
+    {
+        std::vector<transfer::registration> registered = value_or_fail(agent.register_pool(pool));
+        REQUIRE(registered.size() == 1);
+        // A NIC or a peer may be reading it: the memory cannot be given back under them.
+        require_refused(pool->sleep(sleep_policy::discard()), status_code::busy, "lease");
+        CHECK(pool->state() == residency_state::awake);
+        CHECK(static_cast<unsigned char*>(block.address)[100] == 0x5c);
+    }
+    CHECK(agent.registration_count() == 0);
+    REQUIRE(pool->sleep(sleep_policy::host()).has_value());
+    REQUIRE(pool->wake().has_value());
+    CHECK(static_cast<unsigned char*>(block.address)[100] == 0x5c);
+    REQUIRE(pool->release(block).has_value());
 }
