@@ -1,6 +1,7 @@
 // nxmem_torch.so: PyTorch's CPU allocator served by an nxmem plugin, loadable from Python with
 // torch.ops.load_library (docs/TORCH.md). Registers torch.ops.nxmem.{install, uninstall, usage,
-// trim, owns}; reads NXMEM_TORCH_PLUGIN and friends when loaded, so an unmodified script runs on a
+// trim, owns} and, for tagged tensors that sleep and wake, {use_tag, sleep, wake_up, residency,
+// tags}; reads NXMEM_TORCH_PLUGIN and friends when loaded, so an unmodified script runs on a
 // plugin. Links the libc10/libtorch_cpu of the interpreter's torch (it must: a second copy of
 // c10 fails with "linked both statically and dynamically"), with the C++11 string ABI.
 #include "torch_installation.hpp"
@@ -11,31 +12,76 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <vector>
 
 namespace {
 
 using nxmem::torch_engine::installation;
+using nxmem::torch_engine::tagged_pools;
+using nxmem::torch_engine::usage_figures;
+
+// Runs an op's body: a c10::Error leaves as it is (Python's RuntimeError with its message); any
+// other C++ exception (std::bad_alloc, a filesystem error) becomes a c10::Error naming the op.
+template <class Body> auto guarded(const char* op, Body&& body) -> decltype(body()) {
+    try {
+        return body();
+    } catch (const c10::Error&) {
+        throw;
+    } catch (const std::exception& failure) {
+        TORCH_CHECK(false, "nxmem: ", op, ": ", failure.what());
+    }
+    std::abort(); // not reached
+}
+
+c10::Dict<std::string, std::int64_t> as_dict(const usage_figures& figures) {
+    c10::Dict<std::string, std::int64_t> dict;
+    for (const auto& [name, value] : figures) {
+        dict.insert(name, static_cast<std::int64_t>(value));
+    }
+    return dict;
+}
 
 void install(const std::string& plugin, const std::string& mechanism, const std::string& options,
              bool pooled) {
-    installation::install(plugin, mechanism, options, pooled);
+    guarded("install", [&] { installation::install(plugin, mechanism, options, pooled); });
 }
 
-void uninstall() { installation::uninstall(); }
+void uninstall() {
+    guarded("uninstall", [] { installation::uninstall(); });
+}
 
 c10::Dict<std::string, std::int64_t> usage() {
-    c10::Dict<std::string, std::int64_t> figures;
-    for (const auto& [name, value] : installation::usage()) {
-        figures.insert(name, static_cast<std::int64_t>(value));
-    }
-    return figures;
+    return guarded("usage", [] { return as_dict(installation::usage()); });
 }
 
-std::int64_t trim() { return static_cast<std::int64_t>(installation::trim()); }
+std::int64_t trim() {
+    return guarded("trim", [] { return static_cast<std::int64_t>(installation::trim()); });
+}
 
 bool owns(const at::Tensor& tensor) {
-    return tensor.has_storage() && installation::owns(tensor.storage().data_ptr());
+    return guarded("owns", [&] { return tensor.has_storage() && installation::owns(tensor.storage().data_ptr()); });
+}
+
+std::string use_tag(const std::string& tag) {
+    return guarded("use_tag", [&] { return installation::use_tag(tag); });
+}
+
+c10::Dict<std::string, std::int64_t> sleep_tags(const std::vector<std::string>& tags, const std::string& policy) {
+    return guarded("sleep", [&] { return as_dict(installation::sleep(tags, policy)); });
+}
+
+c10::Dict<std::string, std::int64_t> wake_up(const std::vector<std::string>& tags) {
+    return guarded("wake_up", [&] { return as_dict(installation::wake(tags)); });
+}
+
+c10::Dict<std::string, std::int64_t> residency(const std::string& tag) {
+    return guarded("residency", [&] { return as_dict(tagged_pools::get().residency(tag)); });
+}
+
+std::vector<std::string> tags() {
+    return guarded("tags", [] { return tagged_pools::get().tags(); });
 }
 
 // This object holds the deleters of every tensor it served: it must never be unmapped (Python's
@@ -81,4 +127,9 @@ TORCH_LIBRARY(nxmem, m) {
     m.def("usage() -> Dict(str, int)", &usage);
     m.def("trim() -> int", &trim);
     m.def("owns(Tensor tensor) -> bool", &owns);
+    m.def("use_tag(str tag) -> str", &use_tag);
+    m.def("sleep(str[] tags, str policy) -> Dict(str, int)", &sleep_tags);
+    m.def("wake_up(str[] tags) -> Dict(str, int)", &wake_up);
+    m.def("residency(str tag) -> Dict(str, int)", &residency);
+    m.def("tags() -> str[]", &tags);
 }

@@ -1,7 +1,10 @@
 // What torch.ops.nxmem does, in C++: open a plugin mechanism (pooled or direct), wrap it in an
-// immortal nxmem::pytorch::cpu_allocator and make that PyTorch's CPU allocator. Shared by the
-// loadable module, its C++ tests and bench/torch.
+// immortal nxmem::pytorch::cpu_allocator and make that PyTorch's CPU allocator; pooled over
+// virtual backing (posix-lazy), tagged tensors that sleep and wake (tagged_pools.hpp). Shared by
+// the loadable module, its C++ tests and bench/torch.
 #pragma once
+
+#include "tagged_pools.hpp"
 
 #include <nxmem/committing_allocator.hpp>
 #include <nxmem/host.hpp>
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +36,9 @@ public:
     virtual usage_figures usage() const = 0;
     virtual std::uint64_t trim() = 0;
     virtual const std::shared_ptr<host::plugin_module>& module() const noexcept = 0;
+    // Where its tags' pools are opened; null when it serves no tags (not pooled, or its
+    // mechanism offers no virtual backing).
+    virtual const tag_source* tags() const noexcept { return nullptr; }
 
 protected:
     ~installed_allocator() = default;
@@ -80,10 +87,36 @@ public:
         }
     }
 
-private:
+protected:
     static constexpr bool is_pool = pytorch::releases_by_address<Upstream>;
     pytorch::cpu_allocator<Upstream>& adapter_;
     host::plugin_allocator<cpu_device>& plugin_; // inside the upstream, which the adapter keeps
+};
+
+// A pooled installation over virtual backing: PyTorch's allocator is a tagging_allocator in
+// front of the adapter, so a thread's tensors can go to a tag's resident pool.
+class tagging_installed final : public installed<host::pooled_plugin_allocator<cpu_device>> {
+public:
+    using pool_type = host::pooled_plugin_allocator<cpu_device>;
+    tagging_installed(std::shared_ptr<pool_type> upstream, host::plugin_allocator<cpu_device>& plugin, tag_source source)
+        : installed(std::move(upstream), plugin), tagging_(tagging_allocator<pool_type>::create(adapter_)),
+          source_(std::move(source)) {}
+
+    c10::Allocator& allocator() noexcept override { return tagging_; }
+    bool owns(const c10::DataPtr& data_ptr) const noexcept override {
+        return installed::owns(data_ptr) || tagged_pools::is_tagged(data_ptr);
+    }
+    usage_figures usage() const override {
+        usage_figures figures = installed::usage();
+        figures.emplace_back("tags", tagged_pools::get().count());
+        figures.emplace_back("tag_failed_releases", tagged_pools::get().failed_releases());
+        return figures;
+    }
+    const tag_source* tags() const noexcept override { return &source_; }
+
+private:
+    tagging_allocator<pool_type>& tagging_;
+    tag_source source_;
 };
 
 [[noreturn]] inline void refuse(const std::string& what, const error& failure) {
@@ -170,7 +203,8 @@ public:
         return figures;
     }
 
-    // Gives every installation's idle pooled memory back to its plugin; returns the bytes.
+    // Gives every installation's idle pooled memory, and every awake tag's, back to its plugin;
+    // returns the bytes.
     static std::uint64_t trim() {
         state& process = state::get();
         std::lock_guard lock(process.lock);
@@ -178,8 +212,34 @@ public:
         for (installed_allocator* each : process.all) {
             given_back += each->trim();
         }
-        return given_back;
+        return given_back + tagged_pools::get().trim();
     }
+
+    // The calling thread's new CPU tensors come from `tag`'s resident pool from now on ("":
+    // untagged, the installation's pool, as without tags); returns the previous tag. A tag's pool
+    // is made on its first use, from the current installation, which must serve tags (pooled,
+    // over a mechanism with virtual backing: posix-lazy). Throws c10::Error, the thread's tag
+    // unchanged, when it cannot.
+    static std::string use_tag(const std::string& tag) {
+        if (tag.empty()) {
+            return choose_tag(nullptr);
+        }
+        state& process = state::get();
+        std::lock_guard lock(process.lock);
+        const tag_source* source = process.current != nullptr ? process.current->tags() : nullptr;
+        TORCH_CHECK(source != nullptr, "nxmem: use_tag('", tag, "'): ",
+                    process.current == nullptr ? "nothing is installed" : "the installed allocator serves no tags",
+                    "; tags need torch.ops.nxmem.install(plugin, mechanism) pooled, on a mechanism with virtual "
+                    "backing (posix-lazy)");
+        return choose_tag(&tagged_pools::get().find_or_make(tag, *source));
+    }
+
+    // The tags' pools put to sleep per `policy` ("discard", "host", "file:DIR") or woken; every
+    // tag when `tags` is empty. Throws c10::Error with the library's reason.
+    static usage_figures sleep(std::span<const std::string> tags, const std::string& policy) {
+        return tagged_pools::get().sleep(tags, policy);
+    }
+    static usage_figures wake(std::span<const std::string> tags) { return tagged_pools::get().wake(tags); }
 
     static bool owns(const c10::DataPtr& data_ptr) {
         state& process = state::get();
@@ -214,6 +274,11 @@ private:
             detail::refuse("cannot open '" + mechanism + "' pooled", pool.error());
         }
         plugin_type& plugin = pool.value()->upstream();
+        // Over virtual backing (the pool reserved address space): tags can sleep and wake.
+        if (pool.value()->grows_by_commit()) {
+            return new detail::tagging_installed(std::move(pool).value(), plugin,
+                                                 tag_source{module, mechanism, options});
+        }
         return new detail::installed<pool_allocator<plugin_type>>(std::move(pool).value(), plugin);
     }
 
