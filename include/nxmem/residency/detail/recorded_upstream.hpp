@@ -13,6 +13,8 @@
 #include <nxmem/residency/detail/backup_store.hpp>
 #include <nxmem/residency/sleep_policy.hpp>
 
+#include <sys/mman.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -209,6 +211,7 @@ public:
             }
         }
         for (const piece& each : pieces) {
+            prefault(each);
             auto restored = store_.restore(each.slot, direct(each), [&](std::uint64_t at, std::span<const std::byte> in) {
                 return copy_in(each, at, in);
             });
@@ -314,6 +317,21 @@ private:
             walking_ = false;
         }
         walk_done_.notify_all();
+    }
+
+    // Host memory about to be restored is faulted in first, in one call: the kernel fills the
+    // pages about twice as fast as a copy touching them one by one (bench/residency_bench.cpp:
+    // wake of 1 GiB from a file 2.7 s against 1.4 s). Best effort: an older kernel (before 5.14)
+    // answers EINVAL and the copy faults them as before. Discarded ranges are left to fault in
+    // when first written.
+    void prefault(const piece& each) const noexcept {
+        if constexpr (host_memory) {
+            if (store_.keeps_contents()) {
+                (void)::madvise(direct(each), static_cast<std::size_t>(each.range.length), MADV_POPULATE_WRITE);
+            }
+        } else {
+            (void)each;
+        }
     }
 
     static std::byte* direct(const piece& each) noexcept {
