@@ -239,6 +239,23 @@ TEST_CASE("a strided read and a write move every byte, and the notification foll
     CHECK(agents.remote_bytes[(1 << 20) - 16 * block - 1] == pattern((1 << 20) - 16 * block - 1, 7));
 }
 
+TEST_CASE("writes submitted together share a flush, and each is done only with its data at the peer") {
+    two_agents agents;
+    constexpr std::uint64_t block = 4096;
+    std::vector<transfer::transfer_request> writes;
+    for (std::uint64_t w = 0; w < 16; ++w) {
+        std::memset(agents.local_bytes.data() + w * block, static_cast<int>(0xa0 + w), block);
+        writes.push_back(value_or_fail(agents.initiator.write(agents.to_target, list_of({descriptor{agents.local_at(w * block), block}}),
+                                                              list_of({descriptor{agents.remote_at(2 * w * block), block}}))));
+    }
+    for (std::uint64_t w = 0; w < 16; ++w) {
+        REQUIRE(writes[w].wait(30s).has_value());
+        CHECK(agents.remote_bytes[2 * w * block] == 0xa0 + w);
+        CHECK(agents.remote_bytes[2 * w * block + block - 1] == 0xa0 + w);
+        CHECK(agents.remote_bytes[(2 * w + 1) * block] == pattern((2 * w + 1) * block, 7)); // between blocks: untouched
+    }
+}
+
 TEST_CASE("blocks outside what is registered or declared are refused before UCX sees them") {
     two_agents agents;
     const std::uint64_t size = 1 << 20;

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <new>
 #include <optional>
 #include <random>
 #include <thread>
@@ -507,11 +508,7 @@ public:
             }
         }
         if (way == direction::write && state->error.load() == UCS_OK) {
-            ucp_request_param_t flush{};
-            flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-            flush.cb.send = &agent_core::on_op_done;
-            flush.user_data = state.get();
-            (void)account_locked(*state, ucp_ep_flush_nbx(peer.endpoint, &flush));
+            flush_later_locked(state);
         }
         release_one_locked(*state); // the issuing pass's own count
         after_progress_locked();
@@ -616,6 +613,12 @@ public:
     }
 
 private:
+    // Writes that wait for one flush of their peer's endpoint.
+    struct flush_group {
+        std::shared_ptr<peer_record> peer;
+        std::vector<std::shared_ptr<transfer_state>> writes;
+    };
+
     struct planned_op {
         std::uint64_t local = 0;
         std::uint64_t remote = 0;
@@ -759,6 +762,83 @@ private:
         }
     }
 
+    // A write is complete once the peer has its data: a flush of the endpoint after its puts. One
+    // flush covers every put issued on the endpoint before it, so the writes submitted between two
+    // progress calls share one (posted by the next progress: a window of 16 writes of 4 KiB waits
+    // for one flush round trip, not 16). With a progress thread, which may be asleep in poll, the
+    // flush is posted at once. The write's count holds one for its flush meanwhile.
+    void flush_later_locked(const std::shared_ptr<transfer_state>& state) {
+        state->outstanding.fetch_add(1, std::memory_order_acq_rel); // the flush's
+        if (!has_thread_) {
+            try {
+                for (flush_group& group : unflushed_) {
+                    if (group.peer == state->peer) {
+                        group.writes.push_back(state);
+                        return;
+                    }
+                }
+                unflushed_.push_back(flush_group{state->peer, {state}});
+                return;
+            } catch (const std::bad_alloc&) {
+                // no memory to defer it: flushed alone, now
+            }
+        }
+        flush_now_locked(flush_group{state->peer, {state}});
+    }
+
+    bool post_flushes_locked() noexcept {
+        if (unflushed_.empty()) {
+            return false;
+        }
+        for (flush_group& group : unflushed_) {
+            flush_now_locked(std::move(group));
+        }
+        unflushed_.clear();
+        return true;
+    }
+
+    // Posts one flush for `group`'s writes; each is counted down when it completes (or now, when
+    // it completed at once or could not be posted: the peer gone, no memory, UCX refused).
+    void flush_now_locked(flush_group group) noexcept {
+        ucs_status_t status = UCS_OK;
+        if (group.peer == nullptr || group.peer->closed || group.peer->failed.load()) {
+            status = group.peer != nullptr && group.peer->failed.load()
+                         ? static_cast<ucs_status_t>(group.peer->failure.load())
+                         : UCS_ERR_NOT_CONNECTED;
+        } else if (auto* posted = new (std::nothrow) flush_group(std::move(group))) {
+            ucp_request_param_t flush{};
+            flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            flush.cb.send = &agent_core::on_group_flushed;
+            flush.user_data = posted;
+            ucs_status_ptr_t issued = ucp_ep_flush_nbx(posted->peer->endpoint, &flush);
+            if (issued != nullptr && !UCS_PTR_IS_ERR(issued)) {
+                return; // on_group_flushed counts them down
+            }
+            group = std::move(*posted);
+            delete posted;
+            status = issued == nullptr ? UCS_OK : UCS_PTR_STATUS(issued);
+        } else {
+            status = UCS_ERR_NO_MEMORY;
+        }
+        complete_group_locked(group, status);
+    }
+
+    static void complete_group_locked(flush_group& group, ucs_status_t status) noexcept {
+        for (const auto& state : group.writes) {
+            if (status != UCS_OK) {
+                state->record_error(status);
+            }
+            release_one_locked(*state);
+        }
+    }
+
+    static void on_group_flushed(void* request, ucs_status_t status, void* user_data) {
+        auto* group = static_cast<flush_group*>(user_data);
+        complete_group_locked(*group, status);
+        delete group;
+        ucp_request_free(request);
+    }
+
     // Counts an issued op: completed now, in flight (its callback will count it), or failed.
     static bool account_locked(transfer_state& state, ucs_status_ptr_t issued) noexcept {
         if (issued == nullptr) {
@@ -828,7 +908,7 @@ private:
     }
 
     bool progress_locked() {
-        bool any = false;
+        bool any = post_flushes_locked();
         while (ucp_worker_progress(worker_) != 0) {
             any = true;
         }
@@ -911,6 +991,7 @@ private:
         if (peer.closed) {
             return;
         }
+        (void)post_flushes_locked(); // writes submitted before the close are flushed before it
         peer.closed = true;
         if (!peer.detects_failure) {
             // UCX cannot purge this endpoint's requests (no failure handling over shared memory):
@@ -1005,6 +1086,7 @@ private:
     std::vector<std::shared_ptr<transfer_state>> active_;
     std::vector<std::shared_ptr<transfer_state>> abandoned_; // kept until the worker is destroyed
     std::vector<void*> closing_; // endpoint closes in flight
+    std::vector<flush_group> unflushed_; // writes whose flush the next progress posts
 
     std::mutex notification_mutex_;
     std::condition_variable notification_signal_;
