@@ -48,7 +48,6 @@ struct walk_figures {
     std::uint64_t bytes = 0;                // decommitted (sleep) or committed again (wake)
     std::uint64_t backed_up_bytes = 0;      // kept in the backup (sleep)
     std::uint64_t still_resident_bytes = 0; // the upstream refused to decommit: kept, contents intact
-    std::string first_refusal;              // why, for the first such range
 };
 
 template <offers_virtual_backing Upstream> class recorded_upstream {
@@ -164,9 +163,6 @@ public:
         for (const piece& each : pieces) {
             if (auto done = view.decommit(each.memory, each.range); !done.has_value()) {
                 figures.still_resident_bytes += each.range.length;
-                if (figures.first_refusal.empty()) {
-                    figures.first_refusal = done.error().message;
-                }
                 std::lock_guard lock(mutex_);
                 store_.drop(each.slot);
                 continue;
