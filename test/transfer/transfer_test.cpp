@@ -256,6 +256,30 @@ TEST_CASE("writes submitted together share a flush, and each is done only with i
     }
 }
 
+TEST_CASE("a peer's keys outlive the transfers naming them: reloaded regions and a disconnect mid-write") {
+    two_agents agents;
+    constexpr std::uint64_t block = 4096;
+    constexpr std::uint64_t blocks = 256;
+    std::memset(agents.local_bytes.data(), 0x3c, blocks * block);
+    const auto write_all = [&] {
+        return value_or_fail(agents.initiator.write(agents.to_target, list_of(strided_descriptor{agents.local_at(0), block, block, blocks}),
+                                                    list_of(strided_descriptor{agents.remote_at(0), block, block, blocks})));
+    };
+    // The initiator has not progressed: UCX still holds these puts when the keys they name are
+    // replaced, and when the endpoint is closed (without force: the close flushes them first).
+    transfer::transfer_request reloaded = write_all();
+    REQUIRE(agents.to_target.load_regions(value_or_fail(agents.target.export_regions({&agents.remote_registration}))).has_value());
+    REQUIRE(reloaded.wait(30s).has_value());
+    transfer::transfer_request closed = write_all();
+    agents.to_target.disconnect();
+    REQUIRE(closed.wait(30s).has_value());
+    for (std::uint64_t i = 0; i < blocks * block; i += 997) {
+        REQUIRE(agents.remote_bytes[i] == 0x3c);
+    }
+    // The registration is free again: nothing is in flight.
+    REQUIRE(agents.local_registration.deregister().has_value());
+}
+
 TEST_CASE("blocks outside what is registered or declared are refused before UCX sees them") {
     two_agents agents;
     const std::uint64_t size = 1 << 20;

@@ -40,8 +40,11 @@ public:
     // The regions loaded, in address order (each as one descriptor of its whole range).
     std::vector<descriptor> regions() const { return core_->regions_of(*record_); }
 
-    // Closes the endpoint; transfers in flight with it fail. `force` does not wait for the
-    // peer's acknowledgement (use it for a peer that is gone).
+    // Closes the endpoint. Without force, UCX first finishes the transfers in flight with it
+    // (their data arrives; a notification not yet sent fails). `force` is for a peer that is
+    // gone: it does not wait for the peer, and where UCX cannot detect a death (shared memory)
+    // the transfers in flight fail at once and let their registrations go — never force a live
+    // peer with transfers in flight.
     void disconnect(bool force = false) noexcept {
         if (record_ != nullptr) {
             core_->close_peer(*record_, force);

@@ -111,23 +111,28 @@ public:
     agent_core& operator=(const agent_core&) = delete;
 
     // Everything handed out is gone (every handle holds the core): close the endpoints, wait a
-    // bounded time for UCX to give back what it still holds, unmap, destroy.
+    // bounded time for UCX to give back what it still holds, destroy the worker (which drops any
+    // request left), then unmap: no request outlives the memory handle or key it names.
     ~agent_core() {
         if (worker_ != nullptr) {
             std::unique_lock lock(mutex_);
-            while (!peers_.empty()) {
-                close_peer_locked(*peers_.back(), true); // takes it out of peers_
+            for (const auto& peer : peers_) {
+                close_peer_locked(*peer, true);
             }
             drain_locked(std::chrono::seconds(1));
             for (void* closing : closing_) {
                 ucp_request_free(closing); // a peer that never acknowledged: UCX drops it with the worker
             }
             closing_.clear();
+            for (const auto& peer : peers_) {
+                destroy_keys_locked(*peer); // keys go before their worker
+            }
+            peers_.clear();
+            ucp_worker_destroy(worker_);
             for (auto& record : registrations_) {
                 unmap_locked(*record);
             }
             registrations_.clear();
-            ucp_worker_destroy(worker_);
         }
         if (context_ != nullptr) {
             ucp_cleanup(context_);
@@ -413,6 +418,7 @@ public:
         NXMEM_TRY_VOID(usable_locked(peer));
         std::vector<remote_region> unpacked;
         unpacked.reserve(regions.size());
+        peer.retired_keys.reserve(peer.retired_keys.size() + peer.regions.size());
         std::vector<std::byte> padded;
         for (parsed& next : regions) {
             padded.assign(next.key.begin(), next.key.end());
@@ -428,9 +434,10 @@ public:
             unpacked.push_back(next.region);
         }
         for (remote_region& old : peer.regions) {
-            ucp_rkey_destroy(old.key);
+            peer.retired_keys.push_back(old.key); // a transfer in flight may still name it
         }
         peer.regions = std::move(unpacked);
+        destroy_retired_keys_locked(peer);
         std::sort(peer.regions.begin(), peer.regions.end(),
                   [](const remote_region& a, const remote_region& b) { return a.base < b.base; });
         return boost::outcome_v2::success();
@@ -485,6 +492,7 @@ public:
         NXMEM_TRY_VOID(usable_locked(peer));
         NXMEM_TRY_VOID(plan_locked(way, verb, peer, local, remote, ops, *state));
         state->peer = peer_shared_locked(peer);
+        ++peer.transfers_in_ucx;
         for (auto& record : state->pinned) {
             record->in_flight.fetch_add(1, std::memory_order_acq_rel);
         }
@@ -863,7 +871,16 @@ private:
 
     // Called under the core's lock (callbacks run inside progress, which holds it).
     static void release_one_locked(transfer_state& state) noexcept {
-        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1 || state.abandoned.load()) {
+        if (state.outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+            return;
+        }
+        if (!state.requests_returned) {
+            state.requests_returned = true; // its keys may go now (the notification names none)
+            if (state.peer != nullptr) {
+                --state.peer->transfers_in_ucx;
+            }
+        }
+        if (state.abandoned.load()) {
             return;
         }
         if (!state.notification.empty() && state.error.load() == UCS_OK) {
@@ -942,6 +959,20 @@ private:
             }
             ++i;
         }
+        for (std::size_t i = 0; i < peers_.size();) {
+            peer_record& peer = *peers_[i];
+            if (!peer.retired_keys.empty() && peer.transfers_in_ucx == 0) {
+                destroy_retired_keys_locked(peer);
+                any = true;
+            }
+            if (peer.closed && peer.retired_keys.empty()) {
+                // The record lives on in the handles and transfers that hold it.
+                peers_[i] = std::move(peers_.back());
+                peers_.pop_back();
+                continue;
+            }
+            ++i;
+        }
         for (std::size_t i = 0; i < closing_.size();) {
             if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
                 ucp_request_free(closing_[i]);
@@ -993,9 +1024,12 @@ private:
         }
         (void)post_flushes_locked(); // writes submitted before the close are flushed before it
         peer.closed = true;
-        if (!peer.detects_failure) {
-            // UCX cannot purge this endpoint's requests (no failure handling over shared memory):
-            // its transfers in flight fail now, and their records stay until the worker goes.
+        if (force && !peer.detects_failure) {
+            // A forced close of a peer taken for dead, where UCX cannot purge the endpoint's
+            // requests (no failure handling over shared memory): they wait for replies that will
+            // not come. Its transfers fail now and let their registrations go; their records stay
+            // until the worker goes. (A close without force lets UCX finish them: it flushes the
+            // endpoint first.)
             for (std::size_t i = 0; i < active_.size();) {
                 transfer_state& state = *active_[i];
                 if (state.peer.get() == &peer && !state.finished()) {
@@ -1010,10 +1044,7 @@ private:
                 ++i;
             }
         }
-        for (remote_region& region : peer.regions) {
-            ucp_rkey_destroy(region.key);
-        }
-        peer.regions.clear();
+        retire_keys_locked(peer);
         ucp_request_param_t param{};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = (force || peer.failed.load()) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -1029,14 +1060,37 @@ private:
                 ucp_request_free(closing);
             }
         }
-        for (std::size_t i = 0; i < peers_.size(); ++i) {
-            if (peers_[i].get() == &peer) {
-                // The record lives on in the handles and transfers that hold it.
-                peers_[i] = std::move(peers_.back());
-                peers_.pop_back();
-                break;
+        // It stays in peers_ until its transfers have given their keys back (after_progress).
+    }
+
+    // The peer's keys stop being usable; they are destroyed once no transfer names them.
+    void retire_keys_locked(peer_record& peer) noexcept {
+        for (remote_region& region : peer.regions) {
+            try {
+                peer.retired_keys.push_back(region.key);
+            } catch (const std::bad_alloc&) {
+                ucp_rkey_destroy(region.key); // no memory to keep it: the pre-existing risk, not a leak
             }
         }
+        peer.regions.clear();
+        destroy_retired_keys_locked(peer);
+    }
+    static void destroy_retired_keys_locked(peer_record& peer) noexcept {
+        if (peer.transfers_in_ucx != 0) {
+            return;
+        }
+        for (ucp_rkey_h key : peer.retired_keys) {
+            ucp_rkey_destroy(key);
+        }
+        peer.retired_keys.clear();
+    }
+    static void destroy_keys_locked(peer_record& peer) noexcept {
+        peer.transfers_in_ucx = 0; // the worker goes next: nothing will use them
+        for (remote_region& region : peer.regions) {
+            ucp_rkey_destroy(region.key);
+        }
+        peer.regions.clear();
+        destroy_retired_keys_locked(peer);
     }
 
     // Progresses until every transfer and close has finished, at most `limit`.

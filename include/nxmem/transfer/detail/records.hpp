@@ -76,6 +76,10 @@ struct peer_record {
     bool closed = false;              // under the core's lock
     bool detects_failure = true;      // UCX reports its death (not over shared memory alone)
     std::vector<remote_region> regions; // under the core's lock
+    // Under the core's lock: the keys of regions replaced or dropped while UCX may still hold a
+    // request naming them, destroyed once `transfers_in_ucx` is 0 (or with the worker).
+    std::vector<ucp_rkey_h> retired_keys;
+    std::uint64_t transfers_in_ucx = 0; // transfers with this peer whose requests UCX still holds
 };
 
 enum class transfer_phase : int { issuing, notifying, done };
@@ -87,6 +91,7 @@ struct transfer_state {
     // Finished by a forced disconnect of a peer whose death UCX cannot report: UCX may still
     // hold its requests, so the record outlives them (the core keeps it until the worker goes).
     std::atomic<bool> abandoned{false};
+    bool requests_returned = false; // under the core's lock: UCX gave back every get, put and flush
     std::vector<std::shared_ptr<registration_record>> pinned; // each counted in its in_flight
     std::shared_ptr<peer_record> peer;
     std::vector<std::byte> notification; // sent once the data is in place, when not empty
