@@ -159,8 +159,11 @@ int run_prefill(const mode& chosen, int socket) {
         send_message(role, socket, take(role, agent.metadata(), "metadata"));
         send_message(role, socket, take(role, agent.export_regions({&kv_registration, &prefix_registration}), "regions"));
         if (chosen.kill) {
+            // The whole arena as blocks of 16 KiB: a batch (batch messages over tcp, a get per
+            // block over shared memory).
             transfer::descriptor_list everything;
-            take(role, everything.add(transfer::describe(kv)), "describe");
+            take(role, everything.add(transfer::strided_descriptor{kv_base, block_bytes, block_bytes, big_bytes / block_bytes}),
+                 "describe");
             send_message(role, socket, everything.serialise());
             // Wait to be killed, progressing (the agent's thread serves the read).
             (void)receive_message(role, socket);
@@ -214,7 +217,8 @@ int run_decode(const mode& chosen, int socket, int control) {
 
         if (chosen.kill) {
             transfer::descriptor_list local;
-            take(role, local.add(transfer::describe(mine)), "describe");
+            take(role, local.add(transfer::strided_descriptor{mine_base, block_bytes, block_bytes, local_bytes / block_bytes}),
+                 "describe");
             auto read = take(role, agent.read(prefill, local, remote), "read");
             const char go = 'k';
             if (::write(control, &go, 1) != 1 || ::read(control, const_cast<char*>(&go), 1) != 1) {
@@ -222,7 +226,9 @@ int run_decode(const mode& chosen, int socket, int control) {
             }
             // tcp reports the death; shared memory cannot (UCX 1.13): the timeout and a forced
             // disconnect end the read then.
-            std::printf("decode: the peer's death %s reported by UCX\n", prefill.detects_failure() ? "is" : "is not");
+            std::printf("decode: the peer's death %s reported by UCX; the read goes as %s\n",
+                        prefill.detects_failure() ? "is" : "is not",
+                        prefill.batches_as_messages() ? "batch messages" : "a get per block");
             result<void> outcome = read.wait(prefill.detects_failure() ? 30s : 2s);
             if (!outcome && outcome.error().code == status_code::busy) {
                 prefill.disconnect(true);

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -177,14 +178,15 @@ namespace {
 // caller (both modes run in every case).
 struct two_agents {
     transfer::agent target = value_or_fail(transfer::agent::start({"target", transports(), true}));
-    transfer::agent initiator = value_or_fail(transfer::agent::start({"initiator", transports(), false}));
+    transfer::agent initiator;
     std::vector<std::uint8_t> remote_bytes = std::vector<std::uint8_t>(1 << 20);
     std::vector<std::uint8_t> local_bytes = std::vector<std::uint8_t>(1 << 20);
     transfer::registration remote_registration;
     transfer::registration local_registration;
     transfer::peer to_target;
 
-    two_agents() {
+    explicit two_agents(transfer::batch_path batches = transfer::batch_path::automatic)
+        : initiator(value_or_fail(transfer::agent::start({"initiator", transports(), false, batches}))) {
         fill(remote_bytes, 7);
         fill(local_bytes, 99);
         remote_registration = value_or_fail(target.register_memory(remote_bytes.data(), remote_bytes.size()));
@@ -257,7 +259,8 @@ TEST_CASE("writes submitted together share a flush, and each is done only with i
 }
 
 TEST_CASE("a peer's keys outlive the transfers naming them: reloaded regions and a disconnect mid-write") {
-    two_agents agents;
+    // Batch messages or a put per block: either way the close waits for what is in flight.
+    two_agents agents(GENERATE(transfer::batch_path::messages, transfer::batch_path::per_block));
     constexpr std::uint64_t block = 4096;
     constexpr std::uint64_t blocks = 256;
     std::memset(agents.local_bytes.data(), 0x3c, blocks * block);
@@ -278,6 +281,315 @@ TEST_CASE("a peer's keys outlive the transfers naming them: reloaded regions and
     }
     // The registration is free again: nothing is in flight.
     REQUIRE(agents.local_registration.deregister().has_value());
+}
+
+TEST_CASE("a batch of small blocks moves every byte whichever way it travels") {
+    const transfer::batch_path path = GENERATE(transfer::batch_path::automatic, transfer::batch_path::messages,
+                                               transfer::batch_path::per_block);
+    two_agents agents(path);
+    // automatic: messages where UCX emulates RMA (tcp), a get or put per block where it has RMA lanes.
+    CHECK(agents.to_target.batches_as_messages() ==
+          (path == transfer::batch_path::messages || (path == transfer::batch_path::automatic && transports() == "tcp")));
+    // 4 MiB more on each side: a batch of 2 MB goes as two messages (about 1 MiB each).
+    std::vector<std::uint8_t> far(4 << 20);
+    std::vector<std::uint8_t> near(4 << 20);
+    fill(far, 21);
+    fill(near, 42);
+    transfer::registration far_registration = value_or_fail(agents.target.register_memory(far.data(), far.size()));
+    transfer::registration near_registration = value_or_fail(agents.initiator.register_memory(near.data(), near.size()));
+    REQUIRE(agents.to_target.load_regions(value_or_fail(agents.target.export_regions({&agents.remote_registration, &far_registration}))).has_value());
+    const auto far_at = [&](std::uint64_t offset) { return far_registration.base() + offset; };
+    const auto near_at = [&](std::uint64_t offset) { return near_registration.base() + offset; };
+
+    // Read: 500 blocks of 4 KiB, every other one of the target's, into consecutive blocks here,
+    // with a notification after them.
+    constexpr std::uint64_t block = 4096;
+    constexpr std::uint64_t blocks = 500;
+    const std::vector<std::byte> message = as_bytes("500 blocks");
+    transfer::transfer_request read = value_or_fail(agents.initiator.read(
+        agents.to_target, list_of(strided_descriptor{near_at(0), block, block, blocks}),
+        list_of(strided_descriptor{far_at(block), block, 2 * block, blocks}), message));
+    REQUIRE(read.wait(30s).has_value());
+    CHECK(value_or_fail(agents.target.wait_notification(30s)).message == message);
+    for (std::uint64_t b = 0; b < blocks; ++b) {
+        for (std::uint64_t i = 0; i < block; i += 61) {
+            if (near[b * block + i] != pattern((2 * b + 1) * block + i, 21)) {
+                FAIL("read: block " << b << " byte " << i);
+            }
+        }
+    }
+    CHECK(near[blocks * block] == pattern(blocks * block, 42)); // nothing past the blocks
+
+    // Write: 300 blocks of 1000 bytes (not a page multiple) from mixed runs, to every third slot.
+    descriptor_list from;
+    REQUIRE(from.add(strided_descriptor{near_at(0), 1000, 1000, 100}).has_value());
+    REQUIRE(from.add(strided_descriptor{agents.local_at(0), 1000, 1000, 200}).has_value());
+    const descriptor_list into = list_of(strided_descriptor{far_at(0), 1000, 3000, 300});
+    transfer::transfer_request write = value_or_fail(agents.initiator.write(agents.to_target, from, into));
+    REQUIRE(write.wait(30s).has_value());
+    for (std::uint64_t b = 0; b < 300; ++b) {
+        const std::uint8_t* source = b < 100 ? near.data() + b * 1000 : agents.local_bytes.data() + (b - 100) * 1000;
+        if (std::memcmp(far.data() + b * 3000, source, 1000) != 0 || far[b * 3000 + 1000] != pattern(b * 3000 + 1000, 21)) {
+            FAIL("write: block " << b << " or the byte after it");
+        }
+    }
+    CHECK(agents.target.refused_batches() == 0);
+    CHECK(agents.initiator.refused_batches() == 0);
+}
+
+namespace {
+
+// A peer that speaks raw UCX to an agent: sends batch messages of its own making (what a hostile
+// or broken peer could send) and waits for the answer.
+class raw_batch_peer {
+public:
+    explicit raw_batch_peer(std::span<const std::byte> metadata) {
+        transfer::detail::wire_reader in = value_or_fail(transfer::detail::wire_reader::open(metadata, transfer::blob_kind::agent_metadata));
+        transfer::agent_id id{};
+        std::span<const std::byte> name;
+        std::span<const std::byte> address;
+        REQUIRE((in.get_raw(id.data(), id.size()) && in.get_bytes(name, transfer::max_name_bytes) &&
+                 in.get_bytes(address, transfer::max_worker_address_bytes)));
+        ucp_config_t* config = nullptr;
+        REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+        REQUIRE(ucp_config_modify(config, "TLS", transports().c_str()) == UCS_OK);
+        ucp_params_t params{};
+        params.field_mask = UCP_PARAM_FIELD_FEATURES;
+        params.features = UCP_FEATURE_AM;
+        const ucs_status_t initialised = ucp_init(&params, config, &context_);
+        ucp_config_release(config);
+        REQUIRE(initialised == UCS_OK);
+        ucp_worker_params_t worker_params{};
+        REQUIRE(ucp_worker_create(context_, &worker_params, &worker_) == UCS_OK);
+        ucp_am_handler_param_t handler{};
+        handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+        handler.id = transfer::detail::batch_reply_am_id;
+        handler.cb = &raw_batch_peer::on_reply;
+        handler.arg = this;
+        REQUIRE(ucp_worker_set_am_recv_handler(worker_, &handler) == UCS_OK);
+        std::vector<std::byte> padded(address.begin(), address.end());
+        padded.resize(address.size() + 64);
+        ucp_ep_params_t endpoint{};
+        endpoint.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        endpoint.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+        REQUIRE(ucp_ep_create(worker_, &endpoint, &endpoint_) == UCS_OK);
+    }
+    raw_batch_peer(const raw_batch_peer&) = delete;
+    raw_batch_peer& operator=(const raw_batch_peer&) = delete;
+    ~raw_batch_peer() {
+        if (endpoint_ != nullptr) {
+            // Without waiting for the agent (one without a thread is not progressed now).
+            ucp_request_param_t param{};
+            param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+            ucs_status_ptr_t closing = ucp_ep_close_nbx(endpoint_, &param);
+            const auto deadline = std::chrono::steady_clock::now() + 5s;
+            while (closing != nullptr && !UCS_PTR_IS_ERR(closing) && ucp_request_check_status(closing) == UCS_INPROGRESS &&
+                   std::chrono::steady_clock::now() < deadline) {
+                ucp_worker_progress(worker_);
+            }
+            if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
+                ucp_request_free(closing);
+            }
+        }
+        if (worker_ != nullptr) {
+            ucp_worker_destroy(worker_);
+        }
+        if (context_ != nullptr) {
+            ucp_cleanup(context_);
+        }
+    }
+
+    struct answer {
+        std::int32_t status = 0;
+        std::uint64_t bytes = 0;
+    };
+    // Sends (header, data) as active message `id` and waits up to `patience` for a reply (for
+    // the send to leave, at most 30 s), calling `also` meanwhile (to progress an agent without a
+    // thread of its own).
+    std::optional<answer> ask(std::span<const std::byte> header, std::span<const std::byte> data,
+                              std::chrono::milliseconds patience = 5000ms,
+                              unsigned id = transfer::detail::batch_request_am_id, const std::function<void()>& also = {}) {
+        reply_.reset();
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+        ucs_status_ptr_t sent = ucp_am_send_nbx(endpoint_, id, header.data(), header.size(), data.data(), data.size(), &param);
+        REQUIRE_FALSE(UCS_PTR_IS_ERR(sent));
+        const auto start = std::chrono::steady_clock::now();
+        const auto in_flight = [&] { return sent != nullptr && ucp_request_check_status(sent) == UCS_INPROGRESS; };
+        while ((in_flight() && std::chrono::steady_clock::now() < start + 30s) ||
+               (!reply_ && std::chrono::steady_clock::now() < start + patience)) {
+            ucp_worker_progress(worker_);
+            if (also) {
+                also();
+            }
+        }
+        REQUIRE_FALSE(in_flight());
+        if (sent != nullptr) {
+            ucp_request_free(sent);
+        }
+        return reply_;
+    }
+    void progress() { ucp_worker_progress(worker_); }
+
+private:
+    static ucs_status_t on_reply(void* arg, const void* header, std::size_t header_length, void*, std::size_t length,
+                                 const ucp_am_recv_param_t*) {
+        auto& self = *static_cast<raw_batch_peer*>(arg);
+        transfer::detail::batch_header got;
+        if (header_length == sizeof got) {
+            std::memcpy(&got, header, sizeof got);
+            self.reply_ = answer{got.status, length};
+        }
+        return UCS_OK;
+    }
+    ucp_context_h context_ = nullptr;
+    ucp_worker_h worker_ = nullptr;
+    ucp_ep_h endpoint_ = nullptr;
+    std::optional<answer> reply_;
+};
+
+std::vector<std::byte> batch_bytes(const transfer::detail::batch_header& header) {
+    const auto* first = reinterpret_cast<const std::byte*>(&header);
+    return {first, first + sizeof header};
+}
+std::vector<std::byte> entry_bytes(std::initializer_list<transfer::detail::batch_entry> entries) {
+    std::vector<std::byte> bytes(entries.size() * sizeof(transfer::detail::batch_entry));
+    std::memcpy(bytes.data(), std::data(entries), bytes.size());
+    return bytes;
+}
+
+} // namespace
+
+TEST_CASE("forged batch messages are refused by the target, which touches nothing") {
+    using transfer::detail::batch_entry;
+    using transfer::detail::batch_header;
+    using transfer::detail::batch_op;
+    two_agents agents;
+    // Registered at the target and never exported: no peer may name it.
+    std::vector<std::uint8_t> hidden(64 * 1024, 0x11);
+    transfer::registration hidden_registration = value_or_fail(agents.target.register_memory(hidden.data(), hidden.size()));
+    raw_batch_peer forger(value_or_fail(agents.target.metadata()));
+    const auto request = [](batch_op op, std::uint32_t count) {
+        batch_header header;
+        header.op = op;
+        header.token = 77;
+        header.count = count;
+        return header;
+    };
+    const std::vector<std::byte> page(4096, std::byte{0xee});
+    const auto with_data = [](std::vector<std::byte> entries, std::span<const std::byte> data) {
+        entries.insert(entries.end(), data.begin(), data.end());
+        return entries;
+    };
+    std::uint64_t refused = 0;
+    const auto refused_with = [&](const std::optional<raw_batch_peer::answer>& answer, ucs_status_t status) {
+        REQUIRE(answer.has_value());
+        CHECK(answer->status == status);
+        CHECK(answer->bytes == 0);
+        CHECK(agents.target.refused_batches() == ++refused);
+    };
+
+    // The same path serves a well-formed read of exported memory: what follows is refused for its fault.
+    const auto served = forger.ask(batch_bytes(request(batch_op::read, 1)), entry_bytes({{agents.remote_at(8192), 4096}}));
+    REQUIRE(served.has_value());
+    CHECK(served->status == UCS_OK);
+    CHECK(served->bytes == 4096);
+
+    SECTION("a range outside every registration, or past the exported one's end") {
+        std::vector<std::uint8_t> elsewhere(4096);
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 1)),
+                                entry_bytes({{reinterpret_cast<std::uint64_t>(elsewhere.data()), 4096}})), UCS_ERR_INVALID_ADDR);
+        refused_with(forger.ask(batch_bytes(request(batch_op::write, 1)),
+                                with_data(entry_bytes({{agents.remote_at((1 << 20) - 100), 4096}}), page)), UCS_ERR_INVALID_ADDR);
+    }
+    SECTION("a registration never exported") {
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 1)),
+                                entry_bytes({{reinterpret_cast<std::uint64_t>(hidden.data()), 4096}})), UCS_ERR_INVALID_ADDR);
+        refused_with(forger.ask(batch_bytes(request(batch_op::write, 1)),
+                                with_data(entry_bytes({{reinterpret_cast<std::uint64_t>(hidden.data()), 4096}}), page)),
+                     UCS_ERR_INVALID_ADDR);
+    }
+    SECTION("entries and data that disagree, lengths that wrap, counts out of range") {
+        // Two entries announced, one sent.
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 2)), entry_bytes({{agents.remote_at(0), 4096}})),
+                     UCS_ERR_INVALID_PARAM);
+        // A write one byte short, and one byte over.
+        refused_with(forger.ask(batch_bytes(request(batch_op::write, 1)),
+                                with_data(entry_bytes({{agents.remote_at(0), 4096}}), std::span(page).first(4095))),
+                     UCS_ERR_INVALID_PARAM);
+        std::vector<std::byte> over = with_data(entry_bytes({{agents.remote_at(0), 4096}}), page);
+        over.push_back(std::byte{0});
+        refused_with(forger.ask(batch_bytes(request(batch_op::write, 1)), over), UCS_ERR_INVALID_PARAM);
+        // An address whose range wraps; an empty entry; a read of more than a target stages.
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 1)), entry_bytes({{UINT64_MAX - 100, 4096}})),
+                     UCS_ERR_INVALID_PARAM);
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 1)), entry_bytes({{agents.remote_at(0), 0}})),
+                     UCS_ERR_INVALID_PARAM);
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 2)),
+                                entry_bytes({{agents.remote_at(0), 1 << 20}, {agents.remote_at(0), transfer::detail::max_batch_bytes}})),
+                     UCS_ERR_INVALID_PARAM);
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, 0)), {}), UCS_ERR_INVALID_PARAM);
+        refused_with(forger.ask(batch_bytes(request(batch_op::read, transfer::detail::max_batch_entries + 1)), {}),
+                     UCS_ERR_INVALID_PARAM);
+    }
+    SECTION("a header of the wrong size or kind gets no answer") {
+        const std::vector<std::byte> header = batch_bytes(request(batch_op::read, 1));
+        CHECK_FALSE(forger.ask(std::span(header).first(20), entry_bytes({{agents.remote_at(0), 4096}}), 300ms).has_value());
+        batch_header wrong = request(batch_op::read, 1);
+        wrong.magic = 0x12345678;
+        CHECK_FALSE(forger.ask(batch_bytes(wrong), entry_bytes({{agents.remote_at(0), 4096}}), 300ms).has_value());
+        // A reply no one asked for, sent to the initiator, is dropped there.
+        raw_batch_peer to_initiator(value_or_fail(agents.initiator.metadata()));
+        CHECK_FALSE(to_initiator.ask(batch_bytes(request(batch_op::read, 1)), page, 50ms, transfer::detail::batch_reply_am_id,
+                                     [&] { (void)agents.initiator.progress(); }).has_value());
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (agents.initiator.refused_batches() == 0 && std::chrono::steady_clock::now() < deadline) {
+            (void)agents.initiator.progress();
+            to_initiator.progress();
+        }
+        CHECK(agents.initiator.refused_batches() == 1);
+        CHECK(agents.target.refused_batches() == 2);
+    }
+    agents.check_untouched();
+    CHECK(std::all_of(hidden.begin(), hidden.end(), [](std::uint8_t b) { return b == 0x11; }));
+}
+
+TEST_CASE("a read-only import is never written by a batch, whatever a peer sends") {
+    using transfer::detail::batch_header;
+    using transfer::detail::batch_op;
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent target = value_or_fail(transfer::agent::start({"holder", transports(), true}));
+    auto exporter = open_or_fail<cpu_device>(module, "posix-lazy", 0, "share=memfd");
+    auto importer = open_or_fail<cpu_device>(module, "posix-lazy");
+    const allocation<cpu_device> live = value_or_fail(exporter.allocate(64 * 1024, 4096));
+    REQUIRE(value_or_fail(exporter.virtual_backing()).commit(live, {0, 64 * 1024}).has_value());
+    std::memset(live.address, 0x5a, 64 * 1024);
+    host::ipc_handle handle = value_or_fail(value_or_fail(exporter.ipc()).export_allocation(live));
+    {
+        host::imported_memory<cpu_device> imported = value_or_fail(value_or_fail(importer.ipc()).import(handle, NXMEM_IPC_READ_ONLY));
+        transfer::registration registered = value_or_fail(target.register_import(imported));
+        (void)value_or_fail(target.export_regions({&registered}));
+        raw_batch_peer forger(value_or_fail(target.metadata()));
+        batch_header header;
+        header.op = batch_op::write;
+        header.count = 1;
+        std::vector<std::byte> data = entry_bytes({{registered.base(), 4096}});
+        data.resize(data.size() + 4096, std::byte{0x66});
+        const auto answer = forger.ask(batch_bytes(header), data);
+        REQUIRE(answer.has_value());
+        CHECK(answer->status == UCS_ERR_INVALID_ADDR);
+        header.op = batch_op::read; // reading it is what it is exported for
+        const auto read = forger.ask(batch_bytes(header), entry_bytes({{registered.base(), 4096}}));
+        REQUIRE(read.has_value());
+        CHECK(read->status == UCS_OK);
+        REQUIRE(registered.deregister().has_value());
+        REQUIRE(imported.close().has_value());
+    }
+    CHECK(static_cast<unsigned char*>(live.address)[0] == 0x5a);
+    CHECK(static_cast<unsigned char*>(live.address)[4095] == 0x5a);
+    REQUIRE(exporter.release(live).has_value());
 }
 
 TEST_CASE("blocks outside what is registered or declared are refused before UCX sees them") {

@@ -197,6 +197,9 @@ public:
     result<notification> wait_notification(std::chrono::nanoseconds timeout) { return core_->wait_notification(timeout); }
     // Notifications refused as malformed (or while the queue was full).
     std::uint64_t dropped_notifications() const noexcept { return core_->dropped_notifications(); }
+    // Batch messages refused: requests this agent, as a target, did not serve (malformed, or an
+    // entry outside what it exported) and replies that answered nothing it asked.
+    std::uint64_t refused_batches() const noexcept { return core_->refused_batches(); }
 
 private:
     struct progress_thread {

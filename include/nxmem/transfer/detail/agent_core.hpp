@@ -11,6 +11,7 @@
 #include <nxmem/pool/pool_region.hpp>
 #include <nxmem/transfer/descriptor.hpp>
 #include <nxmem/transfer/agent_options.hpp>
+#include <nxmem/transfer/detail/batch_messages.hpp>
 #include <nxmem/transfer/detail/packed_key.hpp>
 #include <nxmem/transfer/detail/records.hpp>
 #include <nxmem/transfer/wire.hpp>
@@ -18,6 +19,7 @@
 #include <ucp/api/ucp.h>
 
 #include <poll.h>
+#include <stdio.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 namespace nxmem::transfer {
 
@@ -43,6 +46,7 @@ public:
     static result<std::shared_ptr<agent_core>> start(const agent_options& options) {
         auto core = std::make_shared<agent_core>();
         core->name_ = options.name.substr(0, max_name_bytes);
+        core->batch_path_ = options.batches;
         std::random_device entropy;
         for (std::size_t i = 0; i < core->id_.size(); i += 4) {
             const std::uint32_t word = entropy();
@@ -82,15 +86,22 @@ public:
             core->worker_ = nullptr;
             return fail(status_code::internal_error, "UCX: ucp_worker_create failed: " + ucx_text(status));
         }
-        ucp_am_handler_param_t handler{};
-        handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                             UCP_AM_HANDLER_PARAM_FIELD_ARG;
-        handler.id = notification_am_id;
-        handler.cb = &agent_core::on_notification;
-        handler.arg = core.get();
-        status = ucp_worker_set_am_recv_handler(core->worker_, &handler);
-        if (status != UCS_OK) {
-            return fail(status_code::internal_error, "UCX: cannot set the notification handler: " + ucx_text(status));
+        const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+            {notification_am_id, &agent_core::on_notification},
+            {batch_request_am_id, &agent_core::on_batch_request},
+            {batch_reply_am_id, &agent_core::on_batch_reply}};
+        for (const auto& [id, callback] : handlers) {
+            ucp_am_handler_param_t handler{};
+            handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                 UCP_AM_HANDLER_PARAM_FIELD_ARG;
+            handler.id = id;
+            handler.cb = callback;
+            handler.arg = core.get();
+            status = ucp_worker_set_am_recv_handler(core->worker_, &handler);
+            if (status != UCS_OK) {
+                return fail(status_code::internal_error,
+                            "UCX: cannot set active-message handler " + std::to_string(id) + ": " + ucx_text(status));
+            }
         }
         if (options.progress_thread) {
             status = ucp_worker_get_efd(core->worker_, &core->event_fd_);
@@ -120,15 +131,17 @@ public:
                 close_peer_locked(*peer, true);
             }
             drain_locked(std::chrono::seconds(1));
-            for (void* closing : closing_) {
-                ucp_request_free(closing); // a peer that never acknowledged: UCX drops it with the worker
+            for (closing_endpoint& closing : closing_) {
+                ucp_request_free(closing.request); // a peer that never acknowledged: UCX drops it with the worker
             }
             closing_.clear();
+            fail_batches_locked(nullptr, UCS_ERR_CANCELED); // replies that never came
             for (const auto& peer : peers_) {
                 destroy_keys_locked(*peer); // keys go before their worker
             }
             peers_.clear();
             ucp_worker_destroy(worker_);
+            sends_.clear(); // what UCX was still sending went with the worker
             for (auto& record : registrations_) {
                 unmap_locked(*record);
             }
@@ -229,6 +242,26 @@ public:
         return record;
     }
 
+    // Whether UCX gives the endpoint an RMA lane, i.e. does its gets and puts in the transport
+    // rather than emulating them with active messages (tcp). UCX 1.13 has no query for it: its
+    // endpoint table (ucp_ep_print_info) lists a "put[N]" protocol line per RMA lane. A table
+    // without lanes in it (another UCX's format) counts as having RMA: gets and puts per block.
+    static bool has_rma_lane(ucp_ep_h endpoint) noexcept {
+        char* text = nullptr;
+        std::size_t size = 0;
+        FILE* stream = ::open_memstream(&text, &size);
+        if (stream == nullptr) {
+            return true;
+        }
+        ucp_ep_print_info(endpoint, stream);
+        std::fclose(stream);
+        const std::string_view table(text != nullptr ? text : "", size);
+        const bool readable = table.find("lane[") != std::string_view::npos;
+        const bool rma = !readable || table.find("put[") != std::string_view::npos;
+        std::free(text);
+        return rma;
+    }
+
     // Device memory (docs/TRANSFER.md, "Device memory"): refused, naming what is missing.
     failure refuse_device_memory(const descriptor& memory, std::string_view device_type) const {
         std::string missing;
@@ -304,6 +337,9 @@ public:
             out.put_u8(record->remote_writable ? 1 : 0);
             out.put_bytes(record->packed_key);
         }
+        for (const registration_record* record : records) {
+            record->exported = true; // a peer may now ask for it in a batch
+        }
         return std::move(out).finish();
     }
 
@@ -355,6 +391,8 @@ public:
             return fail(status_code::invalid_argument,
                         "connect to '" + peer->name + "': UCX refused the worker address: " + ucx_text(status));
         }
+        peer->batches_as_messages = batch_path_ == batch_path::messages ||
+                                    (batch_path_ == batch_path::automatic && !has_rma_lane(peer->endpoint));
         peers_.push_back(peer);
         return peer;
     }
@@ -500,6 +538,13 @@ public:
         abandoned_.reserve(abandoned_.size() + active_.size() + 1); // close_peer_locked never allocates
         active_.push_back(state);
 
+        if (peer.batches_as_messages && ops.size() >= batch_min_blocks &&
+            std::all_of(ops.begin(), ops.end(), [](const planned_op& op) { return op.length <= batch_max_block_bytes; })) {
+            issue_batch_locked(way, state, ops);
+            release_one_locked(*state); // the issuing pass's own count
+            after_progress_locked();
+            return state;
+        }
         ucp_request_param_t param{};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
         param.cb.send = &agent_core::on_op_done;
@@ -595,6 +640,7 @@ public:
         }
     }
     std::uint64_t dropped_notifications() const noexcept { return dropped_notifications_.load(); }
+    std::uint64_t refused_batches() const noexcept { return refused_batches_.load(); }
 
     // ---- the progress thread ----
 
@@ -634,6 +680,268 @@ private:
         ucp_mem_h memh = nullptr;
         ucp_rkey_h key = nullptr;
     };
+
+    // A batch message UCX is sending: its header and data live here until UCX is done with them.
+    struct batch_send {
+        agent_core* core = nullptr;
+        batch_header header;
+        std::vector<std::byte> payload;
+        std::shared_ptr<transfer_state> state; // an initiator's request (counted in it); empty for a reply
+    };
+    // A batch message sent and awaiting the target's reply.
+    struct batch_pending {
+        std::shared_ptr<transfer_state> state;
+        std::shared_ptr<peer_record> peer;
+        batch_op op = batch_op::read;
+        std::vector<batch_entry> local; // a read's: where each block lands, in entry order
+        std::uint64_t bytes = 0;
+    };
+
+    // Cuts the planned blocks into batch messages of about batch_message_bytes of data and sends
+    // them; each counts once in the transfer for its send and once for its reply. A message that
+    // cannot be sent fails the transfer (the ones already sent still complete).
+    void issue_batch_locked(direction way, const std::shared_ptr<transfer_state>& state,
+                            const std::vector<planned_op>& ops) noexcept {
+        const batch_op op = way == direction::read ? batch_op::read : batch_op::write;
+        std::size_t first = 0;
+        while (first < ops.size()) {
+            std::size_t last = first;
+            std::uint64_t bytes = 0;
+            while (last < ops.size() && last - first < max_batch_entries &&
+                   (last == first || bytes + ops[last].length <= batch_message_bytes)) {
+                bytes += ops[last++].length;
+            }
+            const std::uint64_t token = next_batch_token_++;
+            bool pending_added = false;
+            try {
+                auto message = std::make_unique<batch_send>();
+                message->core = this;
+                message->state = state;
+                message->header.op = op;
+                message->header.token = token;
+                message->header.count = static_cast<std::uint32_t>(last - first);
+                message->header.sender = id_;
+                const std::size_t entry_bytes = (last - first) * sizeof(batch_entry);
+                message->payload.resize(entry_bytes + (op == batch_op::write ? bytes : 0));
+                batch_pending pending{state, state->peer, op, {}, bytes};
+                if (op == batch_op::read) {
+                    pending.local.reserve(last - first);
+                }
+                std::byte* entries = message->payload.data();
+                std::byte* data = entries + entry_bytes;
+                for (std::size_t i = first; i < last; ++i) {
+                    const batch_entry remote{ops[i].remote, ops[i].length};
+                    std::memcpy(entries + (i - first) * sizeof(batch_entry), &remote, sizeof remote);
+                    if (op == batch_op::write) {
+                        std::memcpy(data, reinterpret_cast<const void*>(ops[i].local), ops[i].length);
+                        data += ops[i].length;
+                    } else {
+                        pending.local.push_back(batch_entry{ops[i].local, ops[i].length});
+                    }
+                }
+                batches_.emplace(token, std::move(pending));
+                pending_added = true;
+                state->outstanding.fetch_add(1, std::memory_order_acq_rel); // the reply's
+                const ucs_status_t sent = send_batch_locked(state->peer->endpoint, batch_request_am_id, std::move(message),
+                                                            UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+                if (sent != UCS_OK) {
+                    fail_batch_locked(token, sent);
+                    return;
+                }
+            } catch (const std::bad_alloc&) {
+                if (pending_added) {
+                    fail_batch_locked(token, UCS_ERR_NO_MEMORY);
+                } else {
+                    state->record_error(UCS_ERR_NO_MEMORY);
+                }
+                return;
+            }
+            first = last;
+        }
+    }
+
+    // Sends one batch message; UCS_OK once it is sent or on its way (then kept in sends_).
+    ucs_status_t send_batch_locked(ucp_ep_h endpoint, unsigned id, std::unique_ptr<batch_send> message, unsigned flags) {
+        sends_.reserve(sends_.size() + 1); // before UCX holds it: the push below cannot throw
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = flags;
+        param.cb.send = &agent_core::on_batch_sent;
+        param.user_data = message.get();
+        const ucs_status_ptr_t sent = ucp_am_send_nbx(endpoint, id, &message->header, sizeof(batch_header),
+                                                      message->payload.data(), message->payload.size(), &param);
+        if (sent == nullptr) {
+            return UCS_OK;
+        }
+        if (UCS_PTR_IS_ERR(sent)) {
+            return UCS_PTR_STATUS(sent);
+        }
+        if (message->state != nullptr) {
+            message->state->outstanding.fetch_add(1, std::memory_order_acq_rel); // the send's
+        }
+        sends_.push_back(std::move(message));
+        return UCS_OK;
+    }
+
+    static void on_batch_sent(void* request, ucs_status_t status, void* user_data) {
+        auto* message = static_cast<batch_send*>(user_data);
+        if (message->state != nullptr) {
+            if (status != UCS_OK) {
+                message->state->record_error(status);
+            }
+            release_one_locked(*message->state);
+        }
+        ucp_request_free(request);
+        auto& sends = message->core->sends_;
+        for (auto& held : sends) {
+            if (held.get() == message) {
+                held = std::move(sends.back());
+                sends.pop_back();
+                break;
+            }
+        }
+    }
+
+    // The batch awaiting the reply `token` fails with `status`.
+    void fail_batch_locked(std::uint64_t token, ucs_status_t status) noexcept {
+        const auto at = batches_.find(token);
+        if (at == batches_.end()) {
+            return;
+        }
+        auto state = std::move(at->second.state);
+        batches_.erase(at);
+        state->record_error(status);
+        release_one_locked(*state);
+    }
+    // Every batch awaiting a reply from `peer` (from anyone: nullptr) fails with `status`.
+    void fail_batches_locked(const peer_record* peer, ucs_status_t status) noexcept {
+        for (auto at = batches_.begin(); at != batches_.end();) {
+            if (peer != nullptr && at->second.peer.get() != peer) {
+                ++at;
+                continue;
+            }
+            auto state = std::move(at->second.state);
+            at = batches_.erase(at);
+            state->record_error(status);
+            release_one_locked(*state);
+        }
+    }
+
+    // A peer asks this agent, as a target, for blocks (a read) or sends them (a write). Each entry
+    // must lie inside one registration this agent exported and still holds, writable by peers for
+    // a write; otherwise nothing is touched and the reply says so.
+    static ucs_status_t on_batch_request(void* arg, const void* header, std::size_t header_length, void* data,
+                                         std::size_t length, const ucp_am_recv_param_t* param) {
+        auto& core = *static_cast<agent_core*>(arg);
+        try {
+            core.serve_batch_locked(std::span(static_cast<const std::byte*>(header), header_length),
+                                    std::span(static_cast<const std::byte*>(data), length), *param);
+        } catch (...) {
+            core.refused_batches_.fetch_add(1); // out of memory: counted, never thrown into UCX
+        }
+        return UCS_OK;
+    }
+
+    void serve_batch_locked(std::span<const std::byte> header, std::span<const std::byte> data,
+                            const ucp_am_recv_param_t& param) {
+        batch_header asked;
+        if (header.size() != sizeof asked || (param.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
+            param.reply_ep == nullptr) {
+            refused_batches_.fetch_add(1); // nobody to answer
+            return;
+        }
+        std::memcpy(&asked, header.data(), sizeof asked);
+        if (asked.magic != batch_magic) {
+            refused_batches_.fetch_add(1);
+            return;
+        }
+        auto reply = std::make_unique<batch_send>();
+        reply->core = this;
+        reply->header.op = asked.op;
+        reply->header.token = asked.token;
+        reply->header.sender = id_;
+        reply->header.status = serve_checked_locked(header, (param.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0
+                                                                ? std::span<const std::byte>() : data,
+                                                    reply->payload);
+        if (reply->header.status != UCS_OK) {
+            refused_batches_.fetch_add(1);
+            reply->payload.clear();
+        }
+        (void)send_batch_locked(param.reply_ep, batch_reply_am_id, std::move(reply), UCP_AM_SEND_FLAG_EAGER);
+    }
+
+    ucs_status_t serve_checked_locked(std::span<const std::byte> header, std::span<const std::byte> data,
+                                      std::vector<std::byte>& reply) {
+        std::string problem;
+        const std::optional<batch_request> request = parse_batch_request(header, data, problem);
+        if (!request) {
+            return UCS_ERR_INVALID_PARAM;
+        }
+        const bool write = request->header.op == batch_op::write;
+        for (std::uint32_t i = 0; i < request->header.count; ++i) {
+            const batch_entry e = request->entry(i);
+            const registration_record* record = find_local_locked(e.address, e.length);
+            if (record == nullptr || !record->exported || record->release_when_idle ||
+                record->kind != memory_kind::host || (write && !record->remote_writable)) {
+                return UCS_ERR_INVALID_ADDR;
+            }
+        }
+        if (!write) {
+            reply.resize(request->bytes);
+        }
+        std::byte* staged = reply.data();
+        const std::byte* incoming = request->data.data();
+        for (std::uint32_t i = 0; i < request->header.count; ++i) {
+            const batch_entry e = request->entry(i);
+            if (write) {
+                std::memcpy(reinterpret_cast<void*>(e.address), incoming, e.length);
+                incoming += e.length;
+            } else {
+                std::memcpy(staged, reinterpret_cast<const void*>(e.address), e.length);
+                staged += e.length;
+            }
+        }
+        return UCS_OK;
+    }
+
+    // The target's answer to a batch message: a read's blocks land where the transfer asked.
+    static ucs_status_t on_batch_reply(void* arg, const void* header, std::size_t header_length, void* data,
+                                       std::size_t length, const ucp_am_recv_param_t* param) {
+        auto& core = *static_cast<agent_core*>(arg);
+        batch_header answer;
+        if (header_length != sizeof answer) {
+            core.refused_batches_.fetch_add(1);
+            return UCS_OK;
+        }
+        std::memcpy(&answer, header, sizeof answer);
+        const auto at = core.batches_.find(answer.token);
+        // Only the peer asked may answer, about what it was asked.
+        if (answer.magic != batch_magic || at == core.batches_.end() || at->second.peer->id != answer.sender ||
+            at->second.op != answer.op) {
+            core.refused_batches_.fetch_add(1);
+            return UCS_OK;
+        }
+        batch_pending pending = std::move(at->second);
+        core.batches_.erase(at);
+        transfer_state& state = *pending.state;
+        if (answer.status != UCS_OK) {
+            state.record_error(answer.status < 0 ? static_cast<ucs_status_t>(answer.status) : UCS_ERR_INVALID_PARAM);
+        } else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+            state.record_error(UCS_ERR_UNSUPPORTED); // asked for eager data: not taken
+        } else if (pending.op == batch_op::read) {
+            if (length != pending.bytes) {
+                state.record_error(UCS_ERR_MESSAGE_TRUNCATED);
+            } else {
+                const auto* incoming = static_cast<const std::byte*>(data);
+                for (const batch_entry& block : pending.local) {
+                    std::memcpy(reinterpret_cast<void*>(block.address), incoming, block.length);
+                    incoming += block.length;
+                }
+            }
+        }
+        release_one_locked(state);
+        return UCS_OK;
+    }
 
     static result<notification> timeout_failure(std::chrono::nanoseconds timeout) {
         return fail(status_code::busy, "no notification arrived within " +
@@ -961,11 +1269,15 @@ private:
         }
         for (std::size_t i = 0; i < peers_.size();) {
             peer_record& peer = *peers_[i];
+            if (peer.closed && !peer.close_posted && !awaits_batches_locked(peer)) {
+                post_close_locked(peer, false); // its last batch was answered (or failed)
+                any = true;
+            }
             if (!peer.retired_keys.empty() && peer.transfers_in_ucx == 0) {
                 destroy_retired_keys_locked(peer);
                 any = true;
             }
-            if (peer.closed && peer.retired_keys.empty()) {
+            if (peer.close_posted && peer.retired_keys.empty()) {
                 // The record lives on in the handles and transfers that hold it.
                 peers_[i] = std::move(peers_.back());
                 peers_.pop_back();
@@ -974,14 +1286,26 @@ private:
             ++i;
         }
         for (std::size_t i = 0; i < closing_.size();) {
-            if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
-                ucp_request_free(closing_[i]);
-                closing_[i] = closing_.back();
+            if (ucp_request_check_status(closing_[i].request) != UCS_INPROGRESS) {
+                ucp_request_free(closing_[i].request);
+                closing_[i] = std::move(closing_.back());
                 closing_.pop_back();
                 any = true;
                 continue;
             }
             ++i;
+        }
+        for (auto at = batches_.begin(); at != batches_.end();) {
+            if (at->second.peer->failed.load(std::memory_order_acquire)) {
+                const auto failure = static_cast<ucs_status_t>(at->second.peer->failure.load());
+                auto state = std::move(at->second.state);
+                at = batches_.erase(at);
+                state->record_error(failure != UCS_OK ? failure : UCS_ERR_ENDPOINT_TIMEOUT);
+                release_one_locked(*state);
+                any = true;
+                continue;
+            }
+            ++at;
         }
         return any;
     }
@@ -1018,12 +1342,30 @@ private:
         state.notification.clear();
     }
 
+    // New transfers with the peer are refused from now. Without force, the endpoint stays open
+    // until the peer has answered every batch message sent to it (after_progress closes it then).
     void close_peer_locked(peer_record& peer, bool force) noexcept {
-        if (peer.closed) {
+        if (peer.close_posted) {
             return;
         }
-        (void)post_flushes_locked(); // writes submitted before the close are flushed before it
-        peer.closed = true;
+        if (!peer.closed) {
+            (void)post_flushes_locked(); // writes submitted before the close are flushed before it
+            peer.closed = true;
+        }
+        if (force || peer.failed.load()) {
+            fail_batches_locked(&peer, UCS_ERR_CANCELED); // their replies may never come
+        } else if (awaits_batches_locked(peer)) {
+            return;
+        }
+        post_close_locked(peer, force);
+    }
+
+    bool awaits_batches_locked(const peer_record& peer) const noexcept {
+        return std::any_of(batches_.begin(), batches_.end(), [&](const auto& pending) { return pending.second.peer.get() == &peer; });
+    }
+
+    void post_close_locked(peer_record& peer, bool force) noexcept {
+        peer.close_posted = true;
         if (force && !peer.detects_failure) {
             // A forced close of a peer taken for dead, where UCX cannot purge the endpoint's
             // requests (no failure handling over shared memory): they wait for replies that will
@@ -1051,7 +1393,8 @@ private:
         ucs_status_ptr_t closing = ucp_ep_close_nbx(peer.endpoint, &param);
         if (closing != nullptr && !UCS_PTR_IS_ERR(closing)) {
             try {
-                closing_.push_back(closing);
+                closing_.push_back(closing_endpoint{closing, peer_shared_locked(peer)});
+                return;
             } catch (...) {
                 // Out of memory: wait for this one here instead of tracking it.
                 for (int i = 0; i < 100000 && ucp_request_check_status(closing) == UCS_INPROGRESS; ++i) {
@@ -1060,6 +1403,7 @@ private:
                 ucp_request_free(closing);
             }
         }
+        fail_batches_locked(&peer, UCS_ERR_NOT_CONNECTED);
         // It stays in peers_ until its transfers have given their keys back (after_progress).
     }
 
@@ -1139,7 +1483,16 @@ private:
     std::vector<std::shared_ptr<peer_record>> peers_;
     std::vector<std::shared_ptr<transfer_state>> active_;
     std::vector<std::shared_ptr<transfer_state>> abandoned_; // kept until the worker is destroyed
-    std::vector<void*> closing_; // endpoint closes in flight
+    struct closing_endpoint {
+        void* request = nullptr;
+        std::shared_ptr<peer_record> peer;
+    };
+    std::vector<closing_endpoint> closing_; // endpoint closes in flight
+    batch_path batch_path_ = batch_path::automatic;
+    std::uint64_t next_batch_token_ = 1;
+    std::unordered_map<std::uint64_t, batch_pending> batches_; // by token: batch messages awaiting their reply
+    std::vector<std::unique_ptr<batch_send>> sends_;            // batch messages UCX is sending
+    std::atomic<std::uint64_t> refused_batches_{0};            // batch requests this agent, as a target, refused
     std::vector<flush_group> unflushed_; // writes whose flush the next progress posts
 
     std::mutex notification_mutex_;

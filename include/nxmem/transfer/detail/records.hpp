@@ -46,6 +46,7 @@ struct registration_record {
     std::atomic<std::uint64_t> in_flight{0}; // transfers using it now
     bool deregistered = false;              // under the core's lock
     bool release_when_idle = false;         // its handle went while transfers used it
+    mutable bool exported = false;          // under the core's lock: in a region list handed out
 
     bool contains(std::uint64_t address, std::uint64_t bytes) const noexcept {
         return address >= base && bytes <= length && address - base <= length - bytes;
@@ -73,8 +74,10 @@ struct peer_record {
     ucp_ep_h endpoint = nullptr;
     std::atomic<bool> failed{false};
     std::atomic<int> failure{UCS_OK}; // the status UCX reported when it failed
-    bool closed = false;              // under the core's lock
+    bool closed = false;              // under the core's lock: no new transfer
+    bool close_posted = false;        // under the core's lock: its endpoint's close is under way
     bool detects_failure = true;      // UCX reports its death (not over shared memory alone)
+    bool batches_as_messages = false; // a batch of small blocks goes as batch messages
     std::vector<remote_region> regions; // under the core's lock
     // Under the core's lock: the keys of regions replaced or dropped while UCX may still hold a
     // request naming them, destroyed once `transfers_in_ucx` is 0 (or with the worker).

@@ -1,0 +1,114 @@
+// The active messages of a batch (docs/TRANSFER.md, "Batches"): many small blocks moved by one
+// message each way instead of one get or put per block, for transports whose RMA UCX emulates
+// in software (tcp). Their layout, and the checks a target makes before touching any memory.
+#pragma once
+
+#include <nxmem/transfer/detail/records.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace nxmem::transfer::detail {
+
+// Both ends are little-endian (every host UCX supports here): the fields travel as they lie.
+static_assert(std::endian::native == std::endian::little, "batch messages are little-endian");
+
+inline constexpr unsigned batch_request_am_id = 0x6e79;
+inline constexpr unsigned batch_reply_am_id = 0x6e7a;
+inline constexpr std::uint32_t batch_magic = 0x3162786eu; // "nxb1"
+// A request of at least this many blocks, none larger than batch_max_block_bytes, goes as batch
+// messages; the initiator cuts it into messages of about batch_message_bytes of data each (so the
+// target copies one while the previous one is on the wire).
+inline constexpr std::uint64_t batch_min_blocks = 4;
+inline constexpr std::uint64_t batch_max_block_bytes = std::uint64_t{64} << 10;
+inline constexpr std::uint64_t batch_message_bytes = std::uint64_t{1} << 20;
+// What a target accepts in one message: it stages a read's reply, so this bounds what a peer can
+// make it allocate.
+inline constexpr std::uint32_t max_batch_entries = 1u << 14;
+inline constexpr std::uint64_t max_batch_bytes = std::uint64_t{16} << 20;
+
+enum class batch_op : std::uint8_t { read = 1, write = 2 };
+
+// The header of a request and of its reply (the UCX active-message header).
+struct batch_header {
+    std::uint32_t magic = batch_magic;
+    batch_op op = batch_op::read;
+    std::uint8_t reserved[3] = {};
+    std::uint64_t token = 0;  // the initiator's, echoed in the reply
+    std::uint32_t count = 0;  // entries in the request
+    std::int32_t status = 0;  // the reply's: UCS_OK, or why the target refused
+    agent_id sender{};        // the request's initiator; the reply's target
+};
+static_assert(sizeof(batch_header) == 40);
+
+// One block at the target. A request's data is `count` entries, then (a write) the blocks' bytes
+// in entry order; a read's reply is the blocks' bytes in entry order.
+struct batch_entry {
+    std::uint64_t address = 0;
+    std::uint64_t length = 0;
+};
+static_assert(sizeof(batch_entry) == 16);
+
+// A request whose header and data agree with each other; the entries are still unchecked against
+// the target's registrations.
+struct batch_request {
+    batch_header header;
+    std::span<const std::byte> entries; // count * sizeof(batch_entry), possibly unaligned
+    std::span<const std::byte> data;    // a write's bytes
+    std::uint64_t bytes = 0;            // the sum of the entries' lengths
+
+    batch_entry entry(std::uint32_t i) const noexcept {
+        batch_entry out;
+        std::memcpy(&out, entries.data() + std::size_t{i} * sizeof(batch_entry), sizeof out);
+        return out;
+    }
+};
+
+// Parses a request's header and data; the reason it is malformed otherwise.
+inline std::optional<batch_request> parse_batch_request(std::span<const std::byte> header, std::span<const std::byte> data,
+                                                        std::string& problem) {
+    batch_request request;
+    if (header.size() != sizeof(batch_header)) {
+        problem = "a header of " + std::to_string(header.size()) + " bytes";
+        return std::nullopt;
+    }
+    std::memcpy(&request.header, header.data(), sizeof(batch_header));
+    const batch_header& h = request.header;
+    if (h.magic != batch_magic || (h.op != batch_op::read && h.op != batch_op::write)) {
+        problem = "not a batch request (magic or operation)";
+        return std::nullopt;
+    }
+    if (h.count == 0 || h.count > max_batch_entries) {
+        problem = std::to_string(h.count) + " entries (1 to " + std::to_string(max_batch_entries) + ")";
+        return std::nullopt;
+    }
+    const std::size_t entry_bytes = std::size_t{h.count} * sizeof(batch_entry);
+    if (data.size() < entry_bytes) {
+        problem = std::to_string(h.count) + " entries announced in " + std::to_string(data.size()) + " bytes";
+        return std::nullopt;
+    }
+    request.entries = data.first(entry_bytes);
+    request.data = data.subspan(entry_bytes);
+    for (std::uint32_t i = 0; i < h.count; ++i) {
+        const batch_entry e = request.entry(i);
+        if (e.length == 0 || e.length > max_batch_bytes - request.bytes || e.address == 0 ||
+            e.address > UINT64_MAX - e.length) {
+            problem = "entry " + std::to_string(i) + ": " + std::to_string(e.length) +
+                      " bytes is empty, wraps, or takes the message past " + std::to_string(max_batch_bytes) + " bytes";
+            return std::nullopt;
+        }
+        request.bytes += e.length;
+    }
+    const std::uint64_t expected_data = h.op == batch_op::write ? request.bytes : 0;
+    if (request.data.size() != expected_data) {
+        problem = std::to_string(request.data.size()) + " bytes of data for " + std::to_string(expected_data);
+        return std::nullopt;
+    }
+    return request;
+}
+
+} // namespace nxmem::transfer::detail
