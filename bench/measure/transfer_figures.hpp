@@ -175,13 +175,13 @@ inline result<measurement> run_window(const window_run& run, std::uint64_t size,
     return measurement{static_cast<double>(done * size) / elapsed, elapsed / static_cast<double>(done)};
 }
 
-// NXMEM_TRANSFER_BATCHES=messages|per_block sets how the initiator sends batches (default: automatic).
-inline transfer::batch_path batch_path_from_environment() {
-    const char* chosen = std::getenv("NXMEM_TRANSFER_BATCHES");
+// NXMEM_TRANSFER_PATH=messages|rma sets the initiator's transfer path (default: automatic).
+inline transfer::transfer_path transfer_path_from_environment() {
+    const char* chosen = std::getenv("NXMEM_TRANSFER_PATH");
     const std::string_view name = chosen != nullptr ? chosen : "";
-    return name == "messages"    ? transfer::batch_path::messages
-           : name == "per_block" ? transfer::batch_path::per_block
-                                 : transfer::batch_path::automatic;
+    return name == "messages"    ? transfer::transfer_path::messages
+           : name == "rma"      ? transfer::transfer_path::rma
+                                 : transfer::transfer_path::automatic;
 }
 
 struct batch_times {
@@ -397,7 +397,7 @@ inline result<nlohmann::json> measure_transport(const std::string& tls, const me
     };
     const auto measured = [&]() -> result<nlohmann::json> {
         NXMEM_TRY(memory, take_filled(source, bytes, 0x11));
-        NXMEM_TRY(agent, transfer::agent::start({"initiator", tls, false, batch_path_from_environment()}));
+        NXMEM_TRY(agent, transfer::agent::start({"initiator", tls, false, transfer_path_from_environment()}));
         NXMEM_TRY(registered, memory.register_whole(agent));
         NXMEM_TRY(metadata, receive_blob(sockets[0]));
         NXMEM_TRY(target, agent.connect(metadata));
@@ -455,7 +455,7 @@ inline result<nlohmann::json> measure_transport(const std::string& tls, const me
             }
             NXMEM_TRY(batch, run_batch(run, options.batch_blocks));
             const double ratio = batch.single_requests_seconds / batch.one_request_seconds;
-            const char* path = target.batches_as_messages() ? "batch messages" : "a get or put per block";
+            const char* path = target.uses_messages() ? "batch messages" : "a get or put per block";
             std::fprintf(out, "%-6s %-6s %llu x 4 KiB: one request %.2f ms, %llu requests %.2f ms: batch %.1fx the throughput (%s)\n",
                          tls.c_str(), op.c_str(), static_cast<unsigned long long>(options.batch_blocks),
                          batch.one_request_seconds * 1e3, static_cast<unsigned long long>(options.batch_blocks),

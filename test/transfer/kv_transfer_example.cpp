@@ -228,7 +228,7 @@ int run_decode(const mode& chosen, int socket, int control) {
             // disconnect end the read then.
             std::printf("decode: the peer's death %s reported by UCX; the read goes as %s\n",
                         prefill.detects_failure() ? "is" : "is not",
-                        prefill.batches_as_messages() ? "batch messages" : "a get per block");
+                        prefill.uses_messages() ? "batch messages" : "a get per block");
             result<void> outcome = read.wait(prefill.detects_failure() ? 30s : 2s);
             if (!outcome && outcome.error().code == status_code::busy) {
                 prefill.disconnect(true);

@@ -185,8 +185,8 @@ struct two_agents {
     transfer::registration local_registration;
     transfer::peer to_target;
 
-    explicit two_agents(transfer::batch_path batches = transfer::batch_path::automatic)
-        : initiator(value_or_fail(transfer::agent::start({"initiator", transports(), false, batches}))) {
+    explicit two_agents(transfer::transfer_path path = transfer::transfer_path::automatic)
+        : initiator(value_or_fail(transfer::agent::start({"initiator", transports(), false, path}))) {
         fill(remote_bytes, 7);
         fill(local_bytes, 99);
         remote_registration = value_or_fail(target.register_memory(remote_bytes.data(), remote_bytes.size()));
@@ -260,7 +260,7 @@ TEST_CASE("writes submitted together share a flush, and each is done only with i
 
 TEST_CASE("a peer's keys outlive the transfers naming them: reloaded regions and a disconnect mid-write") {
     // Batch messages or a put per block: either way the close waits for what is in flight.
-    two_agents agents(GENERATE(transfer::batch_path::messages, transfer::batch_path::per_block));
+    two_agents agents(GENERATE(transfer::transfer_path::messages, transfer::transfer_path::rma));
     constexpr std::uint64_t block = 4096;
     constexpr std::uint64_t blocks = 256;
     std::memset(agents.local_bytes.data(), 0x3c, blocks * block);
@@ -283,13 +283,13 @@ TEST_CASE("a peer's keys outlive the transfers naming them: reloaded regions and
     REQUIRE(agents.local_registration.deregister().has_value());
 }
 
-TEST_CASE("a batch of small blocks moves every byte whichever way it travels") {
-    const transfer::batch_path path = GENERATE(transfer::batch_path::automatic, transfer::batch_path::messages,
-                                               transfer::batch_path::per_block);
+TEST_CASE("reads and writes move every byte whichever path they take") {
+    const transfer::transfer_path path = GENERATE(transfer::transfer_path::automatic, transfer::transfer_path::messages,
+                                               transfer::transfer_path::rma);
     two_agents agents(path);
     // automatic: messages where UCX emulates RMA (tcp), a get or put per block where it has RMA lanes.
-    CHECK(agents.to_target.batches_as_messages() ==
-          (path == transfer::batch_path::messages || (path == transfer::batch_path::automatic && transports() == "tcp")));
+    CHECK(agents.to_target.uses_messages() ==
+          (path == transfer::transfer_path::messages || (path == transfer::transfer_path::automatic && transports() == "tcp")));
     // 4 MiB more on each side: a batch of 2 MB goes as two messages (about 1 MiB each).
     std::vector<std::uint8_t> far(4 << 20);
     std::vector<std::uint8_t> near(4 << 20);
@@ -333,6 +333,23 @@ TEST_CASE("a batch of small blocks moves every byte whichever way it travels") {
             FAIL("write: block " << b << " or the byte after it");
         }
     }
+
+    // Three reads of the whole 4 MiB as one block each, submitted before any is waited on: 12 MiB
+    // in pieces of 1 MiB, more than a peer's window of batch messages (the rest queue).
+    std::vector<std::uint8_t> again(4 << 20);
+    transfer::registration again_registration = value_or_fail(agents.initiator.register_memory(again.data(), again.size()));
+    std::vector<transfer::transfer_request> whole;
+    for (int i = 0; i < 3; ++i) {
+        std::vector<std::uint8_t>& into_here = i == 1 ? again : near;
+        whole.push_back(value_or_fail(agents.initiator.read(
+            agents.to_target, list_of({descriptor{reinterpret_cast<std::uint64_t>(into_here.data()), 4 << 20}}),
+            list_of({descriptor{far_at(0), 4 << 20}}))));
+    }
+    for (auto& each : whole) {
+        REQUIRE(each.wait(30s).has_value());
+    }
+    CHECK(near == far);
+    CHECK(again == far);
     CHECK(agents.target.refused_batches() == 0);
     CHECK(agents.initiator.refused_batches() == 0);
 }

@@ -10,7 +10,8 @@
 
 namespace nxmem::transfer {
 
-enum class batch_path { automatic, messages, per_block };
+// How reads and writes travel to a peer (docs/TRANSFER.md, "Two paths").
+enum class transfer_path { automatic, messages, rma };
 
 struct agent_options {
     std::string name = "nxmem";
@@ -20,11 +21,11 @@ struct agent_options {
     // true: the agent progresses UCX in a thread of its own (sleeping on the worker's event fd);
     // false: the caller does, through transfer_request::poll / wait and agent::progress.
     bool progress_thread = false;
-    // How a request of many small blocks (at least 4, none over 64 KiB) travels (docs/TRANSFER.md,
-    // "Batches"): as batch messages of about 1 MiB of blocks each, which the target checks and
-    // copies, or as one UCX get or put per block. `automatic` sends messages to a peer whose
-    // endpoint has no RMA lane (UCX emulates its gets and puts: tcp), and gets and puts otherwise.
-    batch_path batches = batch_path::automatic;
+    // How reads and writes travel (docs/TRANSFER.md, "Two paths"): `messages`, as batch messages
+    // of about 1 MiB of blocks each, which the target checks and copies; `rma`, as one UCX get or
+    // put per block; `automatic`, messages to a peer whose endpoint has no RMA lane (UCX would
+    // emulate its gets and puts with active messages: tcp), gets and puts otherwise.
+    transfer_path path = transfer_path::automatic;
 };
 
 // A notification a peer sent when a transfer completed: who sent it and the bytes it attached.

@@ -32,9 +32,9 @@ public:
     // Whether UCX reports this peer's death (false over shared memory alone, UCX 1.13): without
     // it a transfer with a dead peer ends by the caller's timeout and disconnect(true).
     bool detects_failure() const noexcept { return record_->detects_failure; }
-    // Whether a request of many small blocks to this peer goes as batch messages (agent_options::
-    // batches; automatic: UCX has no RMA lane to it) rather than one get or put per block.
-    bool batches_as_messages() const noexcept { return record_->batches_as_messages; }
+    // Whether reads and writes with this peer go as batch messages (agent_options::path;
+    // automatic: UCX has no RMA lane to it) rather than one get or put per block.
+    bool uses_messages() const noexcept { return record_->uses_messages; }
 
     // Takes the peer's region list (its export_regions bytes), replacing any loaded before.
     // Untrusted input: refused whole, naming the fault, unless every region is well formed, the

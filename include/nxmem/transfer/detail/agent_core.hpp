@@ -46,7 +46,7 @@ public:
     static result<std::shared_ptr<agent_core>> start(const agent_options& options) {
         auto core = std::make_shared<agent_core>();
         core->name_ = options.name.substr(0, max_name_bytes);
-        core->batch_path_ = options.batches;
+        core->transfer_path_ = options.path;
         std::random_device entropy;
         for (std::size_t i = 0; i < core->id_.size(); i += 4) {
             const std::uint32_t word = entropy();
@@ -391,8 +391,8 @@ public:
             return fail(status_code::invalid_argument,
                         "connect to '" + peer->name + "': UCX refused the worker address: " + ucx_text(status));
         }
-        peer->batches_as_messages = batch_path_ == batch_path::messages ||
-                                    (batch_path_ == batch_path::automatic && !has_rma_lane(peer->endpoint));
+        peer->uses_messages = transfer_path_ == transfer_path::messages ||
+                                    (transfer_path_ == transfer_path::automatic && !has_rma_lane(peer->endpoint));
         peers_.push_back(peer);
         return peer;
     }
@@ -538,8 +538,7 @@ public:
         abandoned_.reserve(abandoned_.size() + active_.size() + 1); // close_peer_locked never allocates
         active_.push_back(state);
 
-        if (peer.batches_as_messages && ops.size() >= batch_min_blocks &&
-            std::all_of(ops.begin(), ops.end(), [](const planned_op& op) { return op.length <= batch_max_block_bytes; })) {
+        if (peer.uses_messages) {
             issue_batch_locked(way, state, ops);
             release_one_locked(*state); // the issuing pass's own count
             after_progress_locked();
@@ -695,69 +694,122 @@ private:
         batch_op op = batch_op::read;
         std::vector<batch_entry> local; // a read's: where each block lands, in entry order
         std::uint64_t bytes = 0;
+        bool sent = false; // counted in its peer's message_bytes_in_flight
+    };
+    // A batch message waiting for its peer's window: its blocks (pieces of at most
+    // batch_message_bytes); it is made when it is sent.
+    struct queued_batch {
+        std::uint64_t token = 0;
+        std::vector<planned_op> ops;
     };
 
-    // Cuts the planned blocks into batch messages of about batch_message_bytes of data and sends
-    // them; each counts once in the transfer for its send and once for its reply. A message that
-    // cannot be sent fails the transfer (the ones already sent still complete).
+    // Cuts the planned blocks into batch messages of about batch_message_bytes of data (a block
+    // larger than that into pieces) and queues them; each counts once in the transfer for its reply
+    // (and once for its send while UCX sends it). pump_batches_locked sends them as the peer's
+    // window allows. A message that cannot be made fails the transfer (those already made go on).
     void issue_batch_locked(direction way, const std::shared_ptr<transfer_state>& state,
                             const std::vector<planned_op>& ops) noexcept {
         const batch_op op = way == direction::read ? batch_op::read : batch_op::write;
-        std::size_t first = 0;
-        while (first < ops.size()) {
-            std::size_t last = first;
+        try {
+            std::vector<planned_op> message;
             std::uint64_t bytes = 0;
-            while (last < ops.size() && last - first < max_batch_entries &&
-                   (last == first || bytes + ops[last].length <= batch_message_bytes)) {
-                bytes += ops[last++].length;
+            const auto queue = [&] {
+                const std::uint64_t token = next_batch_token_++;
+                batch_pending pending{state, state->peer, op, {}, bytes, false};
+                if (op == batch_op::read) {
+                    pending.local.reserve(message.size());
+                    for (const planned_op& piece : message) {
+                        pending.local.push_back(batch_entry{piece.local, piece.length});
+                    }
+                }
+                queued_.push_back(queued_batch{token, {}});
+                queued_.back().ops = std::move(message);
+                batches_.emplace(token, std::move(pending));
+                state->outstanding.fetch_add(1, std::memory_order_acq_rel); // the reply's
+                message.clear();
+                bytes = 0;
+            };
+            for (const planned_op& whole : ops) {
+                for (std::uint64_t at = 0; at < whole.length; at += batch_message_bytes) {
+                    const std::uint64_t length = std::min(batch_message_bytes, whole.length - at);
+                    if (!message.empty() && (bytes + length > batch_message_bytes || message.size() == max_batch_entries)) {
+                        queue();
+                    }
+                    message.push_back(planned_op{whole.local + at, whole.remote + at, length, whole.memh, whole.key});
+                    bytes += length;
+                }
             }
-            const std::uint64_t token = next_batch_token_++;
-            bool pending_added = false;
+            if (!message.empty()) {
+                queue();
+            }
+        } catch (const std::bad_alloc&) {
+            state->record_error(UCS_ERR_NO_MEMORY); // the messages queued before it still go
+        }
+        pump_batches_locked();
+    }
+
+    // Sends queued batch messages, in order per peer, while the peer has less than
+    // max_batch_bytes_in_flight of message data unanswered: a deep queue of large requests waits
+    // here rather than in UCX's eager buffers and the target's staging.
+    bool pump_batches_locked() noexcept {
+        bool any = false;
+        const peer_record* blocked[8] = {};
+        std::size_t blocked_count = 0;
+        for (auto it = queued_.begin(); it != queued_.end();) {
+            const auto at = batches_.find(it->token);
+            if (at == batches_.end()) {
+                it = queued_.erase(it); // failed meanwhile (a forced close, the peer's failure)
+                continue;
+            }
+            batch_pending& pending = at->second;
+            peer_record& peer = *pending.peer;
+            const bool waits = std::find(blocked, blocked + blocked_count, &peer) != blocked + blocked_count ||
+                               (peer.message_bytes_in_flight != 0 &&
+                                peer.message_bytes_in_flight + pending.bytes > max_batch_bytes_in_flight);
+            if (waits) {
+                if (blocked_count < std::size(blocked)) {
+                    blocked[blocked_count++] = &peer;
+                }
+                ++it;
+                continue;
+            }
+            const std::uint64_t token = it->token;
+            ucs_status_t sent = UCS_OK;
             try {
                 auto message = std::make_unique<batch_send>();
                 message->core = this;
-                message->state = state;
-                message->header.op = op;
+                message->state = pending.state;
+                message->header.op = pending.op;
                 message->header.token = token;
-                message->header.count = static_cast<std::uint32_t>(last - first);
+                message->header.count = static_cast<std::uint32_t>(it->ops.size());
                 message->header.sender = id_;
-                const std::size_t entry_bytes = (last - first) * sizeof(batch_entry);
-                message->payload.resize(entry_bytes + (op == batch_op::write ? bytes : 0));
-                batch_pending pending{state, state->peer, op, {}, bytes};
-                if (op == batch_op::read) {
-                    pending.local.reserve(last - first);
-                }
+                const std::size_t entry_bytes = it->ops.size() * sizeof(batch_entry);
+                message->payload.resize(entry_bytes + (pending.op == batch_op::write ? pending.bytes : 0));
                 std::byte* entries = message->payload.data();
                 std::byte* data = entries + entry_bytes;
-                for (std::size_t i = first; i < last; ++i) {
-                    const batch_entry remote{ops[i].remote, ops[i].length};
-                    std::memcpy(entries + (i - first) * sizeof(batch_entry), &remote, sizeof remote);
-                    if (op == batch_op::write) {
-                        std::memcpy(data, reinterpret_cast<const void*>(ops[i].local), ops[i].length);
-                        data += ops[i].length;
-                    } else {
-                        pending.local.push_back(batch_entry{ops[i].local, ops[i].length});
+                for (const planned_op& piece : it->ops) {
+                    const batch_entry remote{piece.remote, piece.length};
+                    std::memcpy(entries, &remote, sizeof remote);
+                    entries += sizeof remote;
+                    if (pending.op == batch_op::write) {
+                        std::memcpy(data, reinterpret_cast<const void*>(piece.local), piece.length);
+                        data += piece.length;
                     }
                 }
-                batches_.emplace(token, std::move(pending));
-                pending_added = true;
-                state->outstanding.fetch_add(1, std::memory_order_acq_rel); // the reply's
-                const ucs_status_t sent = send_batch_locked(state->peer->endpoint, batch_request_am_id, std::move(message),
-                                                            UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
-                if (sent != UCS_OK) {
-                    fail_batch_locked(token, sent);
-                    return;
-                }
+                pending.sent = true;
+                peer.message_bytes_in_flight += pending.bytes;
+                sent = send_batch_locked(peer.endpoint, batch_request_am_id, std::move(message),
+                                         UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
             } catch (const std::bad_alloc&) {
-                if (pending_added) {
-                    fail_batch_locked(token, UCS_ERR_NO_MEMORY);
-                } else {
-                    state->record_error(UCS_ERR_NO_MEMORY);
-                }
-                return;
+                sent = UCS_ERR_NO_MEMORY;
             }
-            first = last;
+            it = queued_.erase(it);
+            if (sent != UCS_OK) {
+                fail_batch_locked(token, sent);
+            }
+            any = true;
         }
+        return any;
     }
 
     // Sends one batch message; UCS_OK once it is sent or on its way (then kept in sends_).
@@ -802,28 +854,40 @@ private:
         }
     }
 
+    // Takes a batch out of those awaiting a reply (its peer's window opens by its bytes).
+    using pending_iterator = std::unordered_map<std::uint64_t, batch_pending>::iterator;
+    pending_iterator forget_batch_locked(pending_iterator at, batch_pending& out) noexcept {
+        out = std::move(at->second);
+        if (out.sent) {
+            out.peer->message_bytes_in_flight -= out.bytes;
+        }
+        return batches_.erase(at);
+    }
     // The batch awaiting the reply `token` fails with `status`.
     void fail_batch_locked(std::uint64_t token, ucs_status_t status) noexcept {
         const auto at = batches_.find(token);
         if (at == batches_.end()) {
             return;
         }
-        auto state = std::move(at->second.state);
-        batches_.erase(at);
-        state->record_error(status);
-        release_one_locked(*state);
+        batch_pending gone;
+        forget_batch_locked(at, gone);
+        gone.state->record_error(status);
+        release_one_locked(*gone.state);
     }
-    // Every batch awaiting a reply from `peer` (from anyone: nullptr) fails with `status`.
-    void fail_batches_locked(const peer_record* peer, ucs_status_t status) noexcept {
+    // Every batch awaiting a reply from `peer` (from anyone: nullptr) fails with `status`; with
+    // `only_failed`, only those whose peer failed, with the peer's status.
+    void fail_batches_locked(const peer_record* peer, ucs_status_t status, bool only_failed = false) noexcept {
         for (auto at = batches_.begin(); at != batches_.end();) {
-            if (peer != nullptr && at->second.peer.get() != peer) {
+            const peer_record& owner = *at->second.peer;
+            if ((peer != nullptr && &owner != peer) || (only_failed && !owner.failed.load(std::memory_order_acquire))) {
                 ++at;
                 continue;
             }
-            auto state = std::move(at->second.state);
-            at = batches_.erase(at);
-            state->record_error(status);
-            release_one_locked(*state);
+            const auto failure = only_failed ? static_cast<ucs_status_t>(owner.failure.load()) : status;
+            batch_pending gone;
+            at = forget_batch_locked(at, gone);
+            gone.state->record_error(failure != UCS_OK ? failure : UCS_ERR_ENDPOINT_TIMEOUT);
+            release_one_locked(*gone.state);
         }
     }
 
@@ -921,8 +985,8 @@ private:
             core.refused_batches_.fetch_add(1);
             return UCS_OK;
         }
-        batch_pending pending = std::move(at->second);
-        core.batches_.erase(at);
+        batch_pending pending;
+        core.forget_batch_locked(at, pending);
         transfer_state& state = *pending.state;
         if (answer.status != UCS_OK) {
             state.record_error(answer.status < 0 ? static_cast<ucs_status_t>(answer.status) : UCS_ERR_INVALID_PARAM);
@@ -1295,17 +1359,9 @@ private:
             }
             ++i;
         }
-        for (auto at = batches_.begin(); at != batches_.end();) {
-            if (at->second.peer->failed.load(std::memory_order_acquire)) {
-                const auto failure = static_cast<ucs_status_t>(at->second.peer->failure.load());
-                auto state = std::move(at->second.state);
-                at = batches_.erase(at);
-                state->record_error(failure != UCS_OK ? failure : UCS_ERR_ENDPOINT_TIMEOUT);
-                release_one_locked(*state);
-                any = true;
-                continue;
-            }
-            ++at;
+        if (!batches_.empty()) {
+            fail_batches_locked(nullptr, UCS_ERR_ENDPOINT_TIMEOUT, true);
+            any = pump_batches_locked() || any;
         }
         return any;
     }
@@ -1488,9 +1544,10 @@ private:
         std::shared_ptr<peer_record> peer;
     };
     std::vector<closing_endpoint> closing_; // endpoint closes in flight
-    batch_path batch_path_ = batch_path::automatic;
+    transfer_path transfer_path_ = transfer_path::automatic;
     std::uint64_t next_batch_token_ = 1;
     std::unordered_map<std::uint64_t, batch_pending> batches_; // by token: batch messages awaiting their reply
+    std::deque<queued_batch> queued_;                          // of those, the ones not sent yet
     std::vector<std::unique_ptr<batch_send>> sends_;            // batch messages UCX is sending
     std::atomic<std::uint64_t> refused_batches_{0};            // batch requests this agent, as a target, refused
     std::vector<flush_group> unflushed_; // writes whose flush the next progress posts

@@ -1,6 +1,7 @@
-// The active messages of a batch (docs/TRANSFER.md, "Batches"): many small blocks moved by one
-// message each way instead of one get or put per block, for transports whose RMA UCX emulates
-// in software (tcp). Their layout, and the checks a target makes before touching any memory.
+// Batch messages (docs/TRANSFER.md, "Two paths"): reads and writes as one active message each
+// way per about 1 MiB of blocks instead of one get or put per block, for transports whose RMA
+// UCX emulates in software (tcp). Their layout, and the checks a target makes before touching
+// any memory.
 #pragma once
 
 #include <nxmem/transfer/detail/records.hpp>
@@ -20,12 +21,11 @@ static_assert(std::endian::native == std::endian::little, "batch messages are li
 inline constexpr unsigned batch_request_am_id = 0x6e79;
 inline constexpr unsigned batch_reply_am_id = 0x6e7a;
 inline constexpr std::uint32_t batch_magic = 0x3162786eu; // "nxb1"
-// A request of at least this many blocks, none larger than batch_max_block_bytes, goes as batch
-// messages; the initiator cuts it into messages of about batch_message_bytes of data each (so the
-// target copies one while the previous one is on the wire).
-inline constexpr std::uint64_t batch_min_blocks = 4;
-inline constexpr std::uint64_t batch_max_block_bytes = std::uint64_t{64} << 10;
+// The initiator cuts a request into messages of about this much data (a larger block into pieces),
+// so the target copies one while the previous one is on the wire.
 inline constexpr std::uint64_t batch_message_bytes = std::uint64_t{1} << 20;
+// Batch data an initiator keeps unanswered per peer; more waits in its queue.
+inline constexpr std::uint64_t max_batch_bytes_in_flight = std::uint64_t{4} << 20;
 // What a target accepts in one message: it stages a read's reply, so this bounds what a peer can
 // make it allocate.
 inline constexpr std::uint32_t max_batch_entries = 1u << 14;

@@ -77,7 +77,8 @@ struct peer_record {
     bool closed = false;              // under the core's lock: no new transfer
     bool close_posted = false;        // under the core's lock: its endpoint's close is under way
     bool detects_failure = true;      // UCX reports its death (not over shared memory alone)
-    bool batches_as_messages = false; // a batch of small blocks goes as batch messages
+    bool uses_messages = false; // requests go as batch messages
+    std::uint64_t message_bytes_in_flight = 0; // under the core's lock: batch data sent, unanswered
     std::vector<remote_region> regions; // under the core's lock
     // Under the core's lock: the keys of regions replaced or dropped while UCX may still hold a
     // request naming them, destroyed once `transfers_in_ucx` is 0 (or with the worker).
