@@ -1,5 +1,5 @@
 // The agent's shared state and every UCX call it makes (context, worker, endpoints, memory
-// handles, keys, gets, puts, flushes, active messages), under one lock. The handles in
+// handles, keys, gets, puts, flushes, notifications and batch messages), under one lock. The handles in
 // registration.hpp, peer.hpp, transfer_request.hpp and agent.hpp each hold it.
 #pragma once
 
@@ -500,8 +500,9 @@ public:
 
     enum class direction { read, write };
 
-    // All checks first (nothing reaches UCX until every block has passed), then one get or put per
-    // block, a flush for writes, and the notification once everything is done.
+    // All checks first (nothing reaches UCX until every block has passed), then either batch
+    // messages (a peer without RMA lanes) or one get or put per block and a flush for writes; the
+    // notification once everything is done.
     result<std::shared_ptr<transfer_state>> submit(direction way, peer_record& peer, const descriptor_list& local,
                                                    const descriptor_list& remote, std::span<const std::byte> message) {
         const char* verb = way == direction::read ? "read" : "write";
