@@ -937,8 +937,7 @@ private:
 
     ucs_status_t serve_checked_locked(std::span<const std::byte> header, std::span<const std::byte> data,
                                       std::vector<std::byte>& reply) {
-        std::string problem;
-        const std::optional<batch_request> request = parse_batch_request(header, data, problem);
+        const std::optional<batch_request> request = parse_batch_request(header, data);
         if (!request) {
             return UCS_ERR_INVALID_PARAM;
         }

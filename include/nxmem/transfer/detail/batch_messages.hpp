@@ -11,7 +11,6 @@
 #include <cstring>
 #include <optional>
 #include <span>
-#include <string>
 
 namespace nxmem::transfer::detail {
 
@@ -68,44 +67,38 @@ struct batch_request {
     }
 };
 
-// Parses a request's header and data; the reason it is malformed otherwise.
-inline std::optional<batch_request> parse_batch_request(std::span<const std::byte> header, std::span<const std::byte> data,
-                                                        std::string& problem) {
+// Parses a request's header and data; nullopt when they disagree with each other (the target
+// answers only with a status, so the reason is not spelled out).
+inline std::optional<batch_request> parse_batch_request(std::span<const std::byte> header, std::span<const std::byte> data) {
     batch_request request;
     if (header.size() != sizeof(batch_header)) {
-        problem = "a header of " + std::to_string(header.size()) + " bytes";
         return std::nullopt;
     }
     std::memcpy(&request.header, header.data(), sizeof(batch_header));
     const batch_header& h = request.header;
     if (h.magic != batch_magic || (h.op != batch_op::read && h.op != batch_op::write)) {
-        problem = "not a batch request (magic or operation)";
         return std::nullopt;
     }
     if (h.count == 0 || h.count > max_batch_entries) {
-        problem = std::to_string(h.count) + " entries (1 to " + std::to_string(max_batch_entries) + ")";
         return std::nullopt;
     }
     const std::size_t entry_bytes = std::size_t{h.count} * sizeof(batch_entry);
     if (data.size() < entry_bytes) {
-        problem = std::to_string(h.count) + " entries announced in " + std::to_string(data.size()) + " bytes";
         return std::nullopt;
     }
     request.entries = data.first(entry_bytes);
     request.data = data.subspan(entry_bytes);
     for (std::uint32_t i = 0; i < h.count; ++i) {
         const batch_entry e = request.entry(i);
+        // Non-empty, not wrapping, and the whole message within what a target stages.
         if (e.length == 0 || e.length > max_batch_bytes - request.bytes || e.address == 0 ||
             e.address > UINT64_MAX - e.length) {
-            problem = "entry " + std::to_string(i) + ": " + std::to_string(e.length) +
-                      " bytes is empty, wraps, or takes the message past " + std::to_string(max_batch_bytes) + " bytes";
             return std::nullopt;
         }
         request.bytes += e.length;
     }
     const std::uint64_t expected_data = h.op == batch_op::write ? request.bytes : 0;
     if (request.data.size() != expected_data) {
-        problem = std::to_string(request.data.size()) + " bytes of data for " + std::to_string(expected_data);
         return std::nullopt;
     }
     return request;
