@@ -8,6 +8,7 @@
 #include <nxmem/host/pooled_allocator.hpp>
 #include <nxmem/residency.hpp>
 #include <nxmem/transfer.hpp>
+#include <nxmem/transfer/detail/staging_buffers.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -287,9 +288,11 @@ TEST_CASE("reads and writes move every byte whichever path they take") {
     const transfer::transfer_path path = GENERATE(transfer::transfer_path::automatic, transfer::transfer_path::messages,
                                                transfer::transfer_path::rma);
     two_agents agents(path);
-    // automatic: messages where UCX emulates RMA (tcp), a get or put per block where it has RMA lanes.
-    CHECK(agents.to_target.uses_messages() ==
-          (path == transfer::transfer_path::messages || (path == transfer::transfer_path::automatic && transports() == "tcp")));
+    // automatic: messages where UCX would emulate RMA on the engine's memory (tcp, and shared
+    // memory, whose RMA lanes reach only segments UCX allocated), a get or put per block otherwise.
+    CHECK(agents.to_target.uses_messages() == (path != transfer::transfer_path::rma));
+    // Over shared memory the batch data goes by rendezvous (cma), straight between the blocks.
+    CHECK(agents.to_target.uses_rendezvous() == (transports() != "tcp"));
     // 4 MiB more on each side: a batch of 2 MB goes as two messages (about 1 MiB each).
     std::vector<std::uint8_t> far(4 << 20);
     std::vector<std::uint8_t> near(4 << 20);
@@ -423,14 +426,16 @@ public:
     };
     // Sends (header, data) as active message `id` and waits up to `patience` for a reply (for
     // the send to leave, at most 30 s), calling `also` meanwhile (to progress an agent without a
-    // thread of its own).
+    // thread of its own). `protocol`: UCP_AM_SEND_FLAG_EAGER, or UCP_AM_SEND_FLAG_RNDV to offer
+    // the data by rendezvous (the receiver takes it, or drops it and the send still completes).
     std::optional<answer> ask(std::span<const std::byte> header, std::span<const std::byte> data,
                               std::chrono::milliseconds patience = 5000ms,
-                              unsigned id = transfer::detail::batch_request_am_id, const std::function<void()>& also = {}) {
+                              unsigned id = transfer::detail::batch_request_am_id, const std::function<void()>& also = {},
+                              unsigned protocol = UCP_AM_SEND_FLAG_EAGER) {
         reply_.reset();
         ucp_request_param_t param{};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+        param.flags = UCP_AM_SEND_FLAG_REPLY | protocol;
         ucs_status_ptr_t sent = ucp_am_send_nbx(endpoint_, id, header.data(), header.size(), data.data(), data.size(), &param);
         REQUIRE_FALSE(UCS_PTR_IS_ERR(sent));
         const auto start = std::chrono::steady_clock::now();
@@ -471,11 +476,30 @@ std::vector<std::byte> batch_bytes(const transfer::detail::batch_header& header)
     const auto* first = reinterpret_cast<const std::byte*>(&header);
     return {first, first + sizeof header};
 }
+// A header carrying its entries (batch_flag_entries_in_header).
+std::vector<std::byte> batch_bytes(transfer::detail::batch_header header, std::span<const std::byte> entries) {
+    header.flags |= transfer::detail::batch_flag_entries_in_header;
+    std::vector<std::byte> bytes = batch_bytes(header);
+    bytes.insert(bytes.end(), entries.begin(), entries.end());
+    return bytes;
+}
 std::vector<std::byte> entry_bytes(std::initializer_list<transfer::detail::batch_entry> entries) {
     std::vector<std::byte> bytes(entries.size() * sizeof(transfer::detail::batch_entry));
     std::memcpy(bytes.data(), std::data(entries), bytes.size());
     return bytes;
 }
+
+// Two agents, a registration at the target it never exports, and a raw peer speaking to the target.
+struct forged_target {
+    two_agents agents;
+    std::vector<std::uint8_t> hidden = std::vector<std::uint8_t>(64 * 1024, 0x11);
+    transfer::registration hidden_registration = value_or_fail(agents.target.register_memory(hidden.data(), hidden.size()));
+    raw_batch_peer forger{value_or_fail(agents.target.metadata())};
+
+    bool hidden_untouched() const {
+        return std::all_of(hidden.begin(), hidden.end(), [](std::uint8_t b) { return b == 0x11; });
+    }
+};
 
 } // namespace
 
@@ -483,11 +507,10 @@ TEST_CASE("forged batch messages are refused by the target, which touches nothin
     using transfer::detail::batch_entry;
     using transfer::detail::batch_header;
     using transfer::detail::batch_op;
-    two_agents agents;
-    // Registered at the target and never exported: no peer may name it.
-    std::vector<std::uint8_t> hidden(64 * 1024, 0x11);
-    transfer::registration hidden_registration = value_or_fail(agents.target.register_memory(hidden.data(), hidden.size()));
-    raw_batch_peer forger(value_or_fail(agents.target.metadata()));
+    forged_target fixture;
+    two_agents& agents = fixture.agents; // references, not bindings: clang 14 cannot capture those
+    const std::vector<std::uint8_t>& hidden = fixture.hidden;
+    raw_batch_peer& forger = fixture.forger;
     const auto request = [](batch_op op, std::uint32_t count) {
         batch_header header;
         header.op = op;
@@ -570,7 +593,98 @@ TEST_CASE("forged batch messages are refused by the target, which touches nothin
         CHECK(agents.target.refused_batches() == 2);
     }
     agents.check_untouched();
-    CHECK(std::all_of(hidden.begin(), hidden.end(), [](std::uint8_t b) { return b == 0x11; }));
+    CHECK(fixture.hidden_untouched());
+}
+
+TEST_CASE("batch staging reuses its buffers, best fit first, keeping the largest") {
+    transfer::detail::staging_buffers buffers;
+    std::vector<std::byte> small = buffers.take(4096);
+    std::vector<std::byte> large = buffers.take(1 << 20);
+    CHECK(small.size() == 4096);
+    const std::byte* large_memory = large.data();
+    const std::byte* small_memory = small.data();
+    buffers.give(std::move(large));
+    buffers.give(std::move(small));
+    CHECK(buffers.size() == 2);
+    // The smallest that holds it: the 4 KiB one for 1,000 bytes, the 1 MiB one for 64 KiB.
+    std::vector<std::byte> again = buffers.take(1000);
+    CHECK(again.data() == small_memory);
+    CHECK(again.size() == 1000);
+    std::vector<std::byte> reused = buffers.take(64 << 10);
+    CHECK(reused.data() == large_memory);
+    CHECK(buffers.size() == 0);
+    // Beyond largest_kept a buffer is freed, not kept.
+    buffers.give(std::vector<std::byte>(transfer::detail::staging_buffers::largest_kept + 1));
+    CHECK(buffers.size() == 0);
+    // Full of small buffers, a larger one replaces the smallest (a run of large messages after
+    // small ones reuses its buffers); a smaller one is dropped.
+    for (std::size_t i = 0; i < transfer::detail::staging_buffers::kept; ++i) {
+        buffers.give(std::vector<std::byte>(4096 + i));
+    }
+    const std::size_t before = buffers.bytes_kept();
+    buffers.give(std::vector<std::byte>(1 << 20));
+    CHECK(buffers.size() == transfer::detail::staging_buffers::kept);
+    CHECK(buffers.bytes_kept() == before - 4096 + (1 << 20));
+    buffers.give(std::vector<std::byte>(100));
+    CHECK(buffers.bytes_kept() == before - 4096 + (1 << 20));
+    CHECK(buffers.take(512 << 10).capacity() == 1 << 20);
+}
+
+TEST_CASE("a write offered by rendezvous is checked before any of it is taken, then lands in place") {
+    using transfer::detail::batch_header;
+    using transfer::detail::batch_op;
+    forged_target fixture;
+    two_agents& agents = fixture.agents; // references, not bindings: clang 14 cannot capture those
+    const std::vector<std::uint8_t>& hidden = fixture.hidden;
+    raw_batch_peer& forger = fixture.forger;
+    batch_header write;
+    write.op = batch_op::write;
+    write.token = 78;
+    write.count = 1;
+    const std::vector<std::byte> page(4096, std::byte{0xee});
+    const auto offer = [&](std::span<const std::byte> header, std::span<const std::byte> data) {
+        return forger.ask(header, data, 5000ms, transfer::detail::batch_request_am_id, {}, UCP_AM_SEND_FLAG_RNDV);
+    };
+    std::uint64_t refused = 0;
+    const auto refused_with = [&](const std::optional<raw_batch_peer::answer>& answer, ucs_status_t status) {
+        REQUIRE(answer.has_value());
+        CHECK(answer->status == status);
+        CHECK(agents.target.refused_batches() == ++refused);
+    };
+
+    SECTION("refused, nothing taken: outside the exported region, never exported, entries not in the header, "
+            "counts and lengths that disagree, a read offering data") {
+        refused_with(offer(batch_bytes(write, entry_bytes({{agents.remote_at((1 << 20) - 100), 4096}})), page),
+                     UCS_ERR_INVALID_ADDR);
+        refused_with(offer(batch_bytes(write, entry_bytes({{reinterpret_cast<std::uint64_t>(hidden.data()), 4096}})), page),
+                     UCS_ERR_INVALID_ADDR);
+        // The entries leading the data: a target cannot know where the bytes go before taking them.
+        std::vector<std::byte> leading = entry_bytes({{agents.remote_at(0), 4096}});
+        leading.insert(leading.end(), page.begin(), page.end());
+        refused_with(offer(batch_bytes(write), leading), UCS_ERR_INVALID_PARAM);
+        batch_header two = write;
+        two.count = 2;
+        refused_with(offer(batch_bytes(two, entry_bytes({{agents.remote_at(0), 4096}})), page), UCS_ERR_INVALID_PARAM);
+        refused_with(offer(batch_bytes(write, entry_bytes({{agents.remote_at(0), 4097}})), page), UCS_ERR_INVALID_PARAM);
+        refused_with(offer(batch_bytes(write, entry_bytes({{agents.remote_at(0), 4095}})), page), UCS_ERR_INVALID_PARAM);
+        batch_header read = write;
+        read.op = batch_op::read;
+        refused_with(offer(batch_bytes(read, entry_bytes({{agents.remote_at(0), 4096}})), page), UCS_ERR_INVALID_PARAM);
+        agents.check_untouched();
+        CHECK(fixture.hidden_untouched());
+    }
+    SECTION("a well-formed one lands in the blocks named, and nowhere else") {
+        const auto answer = offer(batch_bytes(write, entry_bytes({{agents.remote_at(8192), 4096}})), page);
+        REQUIRE(answer.has_value());
+        CHECK(answer->status == UCS_OK);
+        CHECK(agents.target.refused_batches() == 0);
+        for (std::size_t i = 0; i < agents.remote_bytes.size(); ++i) {
+            const std::uint8_t expected = i >= 8192 && i < 8192 + 4096 ? 0xee : pattern(i, 7);
+            if (agents.remote_bytes[i] != expected) {
+                FAIL("byte " << i);
+            }
+        }
+    }
 }
 
 TEST_CASE("a read-only import is never written by a batch, whatever a peer sends") {
@@ -597,6 +711,12 @@ TEST_CASE("a read-only import is never written by a batch, whatever a peer sends
         const auto answer = forger.ask(batch_bytes(header), data);
         REQUIRE(answer.has_value());
         CHECK(answer->status == UCS_ERR_INVALID_ADDR);
+        // Offered by rendezvous, entries in the header: refused before any of it is taken.
+        const auto offered = forger.ask(batch_bytes(header, entry_bytes({{registered.base(), 4096}})),
+                                        std::span(data).subspan(sizeof(transfer::detail::batch_entry)), 5000ms,
+                                        transfer::detail::batch_request_am_id, {}, UCP_AM_SEND_FLAG_RNDV);
+        REQUIRE(offered.has_value());
+        CHECK(offered->status == UCS_ERR_INVALID_ADDR);
         header.op = batch_op::read; // reading it is what it is exported for
         const auto read = forger.ask(batch_bytes(header), entry_bytes({{registered.base(), 4096}}));
         REQUIRE(read.has_value());

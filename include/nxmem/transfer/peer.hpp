@@ -35,6 +35,10 @@ public:
     // Whether reads and writes with this peer go as batch messages (agent_options::path;
     // automatic: UCX has no RMA lane to it) rather than one get or put per block.
     bool uses_messages() const noexcept { return record_->uses_messages; }
+    // Whether batch data with this peer goes by rendezvous, UCX moving it zero-copy between the
+    // blocks themselves (its endpoint has a lane for it: cma over shared memory), rather than
+    // packed into eager messages (tcp).
+    bool uses_rendezvous() const noexcept { return record_->rendezvous; }
 
     // Takes the peer's region list (its export_regions bytes), replacing any loaded before.
     // Untrusted input: refused whole, naming the fault, unless every region is well formed, the

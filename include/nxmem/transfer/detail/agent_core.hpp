@@ -14,6 +14,7 @@
 #include <nxmem/transfer/detail/batch_messages.hpp>
 #include <nxmem/transfer/detail/packed_key.hpp>
 #include <nxmem/transfer/detail/records.hpp>
+#include <nxmem/transfer/detail/staging_buffers.hpp>
 #include <nxmem/transfer/wire.hpp>
 
 #include <ucp/api/ucp.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -86,6 +88,13 @@ public:
             core->worker_ = nullptr;
             return fail(status_code::internal_error, "UCX: ucp_worker_create failed: " + ucx_text(status));
         }
+        ucp_worker_attr_t worker_attributes{};
+        worker_attributes.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+        if (ucp_worker_query(core->worker_, &worker_attributes) == UCS_OK &&
+            worker_attributes.max_am_header >= sizeof(batch_header) + sizeof(batch_entry)) {
+            core->rendezvous_entries_ = std::min<std::size_t>(
+                max_batch_entries, (worker_attributes.max_am_header - sizeof(batch_header)) / sizeof(batch_entry));
+        }
         const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
             {notification_am_id, &agent_core::on_notification},
             {batch_request_am_id, &agent_core::on_batch_request},
@@ -127,6 +136,7 @@ public:
     ~agent_core() {
         if (worker_ != nullptr) {
             std::unique_lock lock(mutex_);
+            stopping_ = true; // rendezvous data arriving from now on is not taken
             for (const auto& peer : peers_) {
                 close_peer_locked(*peer, true);
             }
@@ -136,12 +146,14 @@ public:
             }
             closing_.clear();
             fail_batches_locked(nullptr, UCS_ERR_CANCELED); // replies that never came
+            start_receives_locked();                        // releases the descriptors still waiting
             for (const auto& peer : peers_) {
                 destroy_keys_locked(*peer); // keys go before their worker
             }
             peers_.clear();
             ucp_worker_destroy(worker_);
-            sends_.clear(); // what UCX was still sending went with the worker
+            sends_.clear(); // what UCX was still sending or receiving went with the worker
+            receives_.clear();
             for (auto& record : registrations_) {
                 unmap_locked(*record);
             }
@@ -242,24 +254,42 @@ public:
         return record;
     }
 
-    // Whether UCX gives the endpoint an RMA lane, i.e. does its gets and puts in the transport
-    // rather than emulating them with active messages (tcp). UCX 1.13 has no query for it: its
-    // endpoint table (ucp_ep_print_info) lists a "put[N]" protocol line per RMA lane. A table
-    // without lanes in it (another UCX's format) counts as having RMA: gets and puts per block.
-    static bool has_rma_lane(ucp_ep_h endpoint) noexcept {
+    // What UCX 1.13 gives an endpoint, read from its table (ucp_ep_print_info: it has no query for
+    // it). `rma`: a "put[N]" protocol line per RMA lane, i.e. gets and puts done by the transport
+    // rather than emulated with active messages (tcp has none). `rendezvous`: a lane marked
+    // "rma_bw", which moves large messages' data zero-copy by rendezvous (cma over shared memory,
+    // RDMA); without one UCX would pipeline rendezvous data through its active messages, slower than
+    // eager. `shared_memory`: every lane is on one host's memory (sysv, posix, cma): UCX's RMA
+    // lanes there reach only segments UCX allocated itself, so gets and puts on the engine's memory
+    // are emulated too. A table without lanes in it (another UCX's format) counts as RMA, no
+    // rendezvous.
+    struct endpoint_lanes {
+        bool rma = true;
+        bool rendezvous = false;
+        bool shared_memory = false;
+    };
+    static endpoint_lanes read_lanes(ucp_ep_h endpoint) noexcept {
         char* text = nullptr;
         std::size_t size = 0;
         FILE* stream = ::open_memstream(&text, &size);
         if (stream == nullptr) {
-            return true;
+            return {};
         }
         ucp_ep_print_info(endpoint, stream);
         std::fclose(stream);
         const std::string_view table(text != nullptr ? text : "", size);
-        const bool readable = table.find("lane[") != std::string_view::npos;
-        const bool rma = !readable || table.find("put[") != std::string_view::npos;
+        endpoint_lanes lanes;
+        if (table.find("lane[") != std::string_view::npos) {
+            lanes.rma = table.find("put[") != std::string_view::npos;
+            lanes.rendezvous = table.find(" rma_bw#") != std::string_view::npos;
+            lanes.shared_memory = true;
+            for (std::size_t at = table.find("lane["); at != std::string_view::npos; at = table.find("lane[", at + 1)) {
+                const std::string_view line = table.substr(at, table.find('\n', at) - at);
+                lanes.shared_memory = lanes.shared_memory && line.find("/memory") != std::string_view::npos;
+            }
+        }
         std::free(text);
-        return rma;
+        return lanes;
     }
 
     // Device memory (docs/TRANSFER.md, "Device memory"): refused, naming what is missing.
@@ -391,8 +421,13 @@ public:
             return fail(status_code::invalid_argument,
                         "connect to '" + peer->name + "': UCX refused the worker address: " + ucx_text(status));
         }
+        const endpoint_lanes lanes = read_lanes(peer->endpoint);
+        // automatic: messages wherever UCX would emulate the gets and puts on the engine's memory
+        // (tcp; shared memory, whose message data then goes by cma rendezvous).
         peer->uses_messages = transfer_path_ == transfer_path::messages ||
-                                    (transfer_path_ == transfer_path::automatic && !has_rma_lane(peer->endpoint));
+                              (transfer_path_ == transfer_path::automatic &&
+                               (!lanes.rma || (lanes.rendezvous && lanes.shared_memory)));
+        peer->rendezvous = lanes.rendezvous;
         peers_.push_back(peer);
         return peer;
     }
@@ -685,9 +720,16 @@ private:
     struct batch_send {
         agent_core* core = nullptr;
         batch_header header;
-        std::vector<std::byte> payload;
+        std::vector<std::byte> header_entries; // after `header`, when the entries travel in it
+        std::vector<std::byte> payload;        // the data, or:
+        std::vector<ucp_dt_iov_t> blocks;      // the data as the engine's blocks (by rendezvous)
         std::shared_ptr<transfer_state> state; // an initiator's request (counted in it); empty for a reply
+        // A target's reply sent from its blocks: their registrations, each counted in its
+        // in_flight until UCX is done with them.
+        std::vector<std::shared_ptr<registration_record>> pinned;
     };
+    // Where a batch's reply stands while its data comes by rendezvous.
+    enum class receive_stage : std::uint8_t { none, waiting, in_ucx };
     // A batch message sent and awaiting the target's reply.
     struct batch_pending {
         std::shared_ptr<transfer_state> state;
@@ -696,6 +738,21 @@ private:
         std::vector<batch_entry> local; // a read's: where each block lands, in entry order
         std::uint64_t bytes = 0;
         bool sent = false; // counted in its peer's message_bytes_in_flight
+        receive_stage receiving = receive_stage::none;
+    };
+    // Batch data UCX delivers by rendezvous straight into the blocks it is for: a write's bytes at
+    // its target (`reply_ep` where the answer goes; the registrations written are pinned until it is
+    // done) or a read's reply at its initiator (`token` the batch it answers; the transfer pins the
+    // local blocks).
+    struct batch_receive {
+        agent_core* core = nullptr;
+        void* descriptor = nullptr; // UCX's, of the data still at the sender
+        std::uint64_t token = 0;
+        ucp_ep_h reply_ep = nullptr;
+        batch_header asked{};
+        std::vector<ucp_dt_iov_t> blocks;
+        std::uint64_t bytes = 0;
+        std::vector<std::shared_ptr<registration_record>> pinned; // each counted in its in_flight
     };
     // A batch message waiting for its peer's window: its blocks (pieces of at most
     // batch_message_bytes); it is made when it is sent.
@@ -704,6 +761,12 @@ private:
         std::vector<planned_op> ops;
     };
 
+    // Whether a write to this peer sends its blocks by rendezvous, straight from the engine's
+    // memory, its entries in the message's header (which bounds them per message).
+    bool writes_by_rendezvous(const peer_record& peer) const noexcept {
+        return peer.rendezvous && rendezvous_entries_ != 0;
+    }
+
     // Cuts the planned blocks into batch messages of about batch_message_bytes of data (a block
     // larger than that into pieces) and queues them; each counts once in the transfer for its reply
     // (and once for its send while UCX sends it). pump_batches_locked sends them as the peer's
@@ -711,12 +774,14 @@ private:
     void issue_batch_locked(direction way, const std::shared_ptr<transfer_state>& state,
                             const std::vector<planned_op>& ops) noexcept {
         const batch_op op = way == direction::read ? batch_op::read : batch_op::write;
+        const std::size_t entries_per_message =
+            op == batch_op::write && writes_by_rendezvous(*state->peer) ? rendezvous_entries_ : max_batch_entries;
         try {
             std::vector<planned_op> message;
             std::uint64_t bytes = 0;
             const auto queue = [&] {
                 const std::uint64_t token = next_batch_token_++;
-                batch_pending pending{state, state->peer, op, {}, bytes, false};
+                batch_pending pending{state, state->peer, op, {}, bytes, false, receive_stage::none};
                 if (op == batch_op::read) {
                     pending.local.reserve(message.size());
                     for (const planned_op& piece : message) {
@@ -733,7 +798,8 @@ private:
             for (const planned_op& whole : ops) {
                 for (std::uint64_t at = 0; at < whole.length; at += batch_message_bytes) {
                     const std::uint64_t length = std::min(batch_message_bytes, whole.length - at);
-                    if (!message.empty() && (bytes + length > batch_message_bytes || message.size() == max_batch_entries)) {
+                    if (!message.empty() &&
+                        (bytes + length > batch_message_bytes || message.size() == entries_per_message)) {
                         queue();
                     }
                     message.push_back(planned_op{whole.local + at, whole.remote + at, length, whole.memh, whole.key});
@@ -777,30 +843,15 @@ private:
             const std::uint64_t token = it->token;
             ucs_status_t sent = UCS_OK;
             try {
-                auto message = std::make_unique<batch_send>();
-                message->core = this;
-                message->state = pending.state;
-                message->header.op = pending.op;
-                message->header.token = token;
-                message->header.count = static_cast<std::uint32_t>(it->ops.size());
-                message->header.sender = id_;
-                const std::size_t entry_bytes = it->ops.size() * sizeof(batch_entry);
-                message->payload.resize(entry_bytes + (pending.op == batch_op::write ? pending.bytes : 0));
-                std::byte* entries = message->payload.data();
-                std::byte* data = entries + entry_bytes;
-                for (const planned_op& piece : it->ops) {
-                    const batch_entry remote{piece.remote, piece.length};
-                    std::memcpy(entries, &remote, sizeof remote);
-                    entries += sizeof remote;
-                    if (pending.op == batch_op::write) {
-                        std::memcpy(data, reinterpret_cast<const void*>(piece.local), piece.length);
-                        data += piece.length;
-                    }
-                }
+                auto message = make_request_locked(token, pending, it->ops);
                 pending.sent = true;
                 peer.message_bytes_in_flight += pending.bytes;
+                // A read's request is its entries alone: eager. A write's blocks go by rendezvous
+                // where the endpoint moves them zero-copy (UCX still sends a small one eagerly),
+                // else packed behind the entries as eager fragments.
+                const bool rendezvous = !message->blocks.empty();
                 sent = send_batch_locked(peer.endpoint, batch_request_am_id, std::move(message),
-                                         UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
+                                         UCP_AM_SEND_FLAG_REPLY | (rendezvous ? 0u : unsigned{UCP_AM_SEND_FLAG_EAGER}));
             } catch (const std::bad_alloc&) {
                 sent = UCS_ERR_NO_MEMORY;
             }
@@ -813,6 +864,54 @@ private:
         return any;
     }
 
+    // A batch request: the header, then the entries (the blocks at the target) and a write's bytes
+    // packed as the data, or, for a write by rendezvous, the entries in the header and the engine's
+    // blocks as the data.
+    std::unique_ptr<batch_send> make_request_locked(std::uint64_t token, const batch_pending& pending,
+                                                    const std::vector<planned_op>& ops) {
+        auto message = std::make_unique<batch_send>();
+        message->core = this;
+        message->state = pending.state;
+        message->header.op = pending.op;
+        message->header.token = token;
+        message->header.count = static_cast<std::uint32_t>(ops.size());
+        message->header.sender = id_;
+        const peer_record& peer = *pending.peer;
+        message->header.flags = peer.rendezvous ? batch_flag_rendezvous : 0;
+        const bool blocks_as_data = pending.op == batch_op::write && writes_by_rendezvous(peer);
+        const std::size_t entry_bytes = ops.size() * sizeof(batch_entry);
+        std::byte* entries = nullptr;
+        std::byte* data = nullptr;
+        if (blocks_as_data) {
+            message->header.flags |= batch_flag_entries_in_header;
+            message->header_entries.resize(sizeof(batch_header) + entry_bytes);
+            entries = message->header_entries.data() + sizeof(batch_header);
+            message->blocks.reserve(ops.size());
+        } else {
+            message->payload = buffers_.take(entry_bytes + (pending.op == batch_op::write ? pending.bytes : 0));
+            entries = message->payload.data();
+            data = entries + entry_bytes;
+        }
+        for (const planned_op& piece : ops) {
+            const batch_entry remote{piece.remote, piece.length};
+            std::memcpy(entries, &remote, sizeof remote);
+            entries += sizeof remote;
+            if (pending.op != batch_op::write) {
+                continue;
+            }
+            if (blocks_as_data) {
+                message->blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(piece.local), piece.length});
+            } else {
+                std::memcpy(data, reinterpret_cast<const void*>(piece.local), piece.length);
+                data += piece.length;
+            }
+        }
+        if (blocks_as_data) {
+            std::memcpy(message->header_entries.data(), &message->header, sizeof(batch_header));
+        }
+        return message;
+    }
+
     // Sends one batch message; UCS_OK once it is sent or on its way (then kept in sends_).
     ucs_status_t send_batch_locked(ucp_ep_h endpoint, unsigned id, std::unique_ptr<batch_send> message, unsigned flags) {
         sends_.reserve(sends_.size() + 1); // before UCX holds it: the push below cannot throw
@@ -821,12 +920,24 @@ private:
         param.flags = flags;
         param.cb.send = &agent_core::on_batch_sent;
         param.user_data = message.get();
-        const ucs_status_ptr_t sent = ucp_am_send_nbx(endpoint, id, &message->header, sizeof(batch_header),
-                                                      message->payload.data(), message->payload.size(), &param);
-        if (sent == nullptr) {
-            return UCS_OK;
+        const void* header = &message->header;
+        std::size_t header_length = sizeof(batch_header);
+        if (!message->header_entries.empty()) {
+            header = message->header_entries.data();
+            header_length = message->header_entries.size();
         }
-        if (UCS_PTR_IS_ERR(sent)) {
+        const void* data = message->payload.data();
+        std::size_t count = message->payload.size();
+        if (!message->blocks.empty()) {
+            param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+            param.datatype = ucp_dt_make_iov();
+            data = message->blocks.data();
+            count = message->blocks.size();
+        }
+        const ucs_status_ptr_t sent = ucp_am_send_nbx(endpoint, id, header, header_length, data, count, &param);
+        if (sent == nullptr || UCS_PTR_IS_ERR(sent)) {
+            buffers_.give(std::move(message->payload));
+            unpin_locked(message->pinned);
             return UCS_PTR_STATUS(sent);
         }
         if (message->state != nullptr) {
@@ -845,7 +956,10 @@ private:
             release_one_locked(*message->state);
         }
         ucp_request_free(request);
-        auto& sends = message->core->sends_;
+        agent_core& core = *message->core;
+        core.buffers_.give(std::move(message->payload));
+        unpin_locked(message->pinned);
+        auto& sends = core.sends_;
         for (auto& held : sends) {
             if (held.get() == message) {
                 held = std::move(sends.back());
@@ -876,18 +990,27 @@ private:
         release_one_locked(*gone.state);
     }
     // Every batch awaiting a reply from `peer` (from anyone: nullptr) fails with `status`; with
-    // `only_failed`, only those whose peer failed, with the peer's status.
+    // `only_failed`, only those whose peer failed, with the peer's status. One whose reply UCX is
+    // placing into the engine's blocks right now fails when UCX is done with them (unless the
+    // agent is stopping: then UCX drops it with the worker), so nothing lands after `wait`.
     void fail_batches_locked(const peer_record* peer, ucs_status_t status, bool only_failed = false) noexcept {
         for (auto at = batches_.begin(); at != batches_.end();) {
-            const peer_record& owner = *at->second.peer;
+            batch_pending& pending = at->second;
+            const peer_record& owner = *pending.peer;
             if ((peer != nullptr && &owner != peer) || (only_failed && !owner.failed.load(std::memory_order_acquire))) {
                 ++at;
                 continue;
             }
             const auto failure = only_failed ? static_cast<ucs_status_t>(owner.failure.load()) : status;
+            const ucs_status_t reported = failure != UCS_OK ? failure : UCS_ERR_ENDPOINT_TIMEOUT;
+            if (pending.receiving == receive_stage::in_ucx && !stopping_) {
+                pending.state->record_error(reported);
+                ++at;
+                continue;
+            }
             batch_pending gone;
             at = forget_batch_locked(at, gone);
-            gone.state->record_error(failure != UCS_OK ? failure : UCS_ERR_ENDPOINT_TIMEOUT);
+            gone.state->record_error(reported);
             release_one_locked(*gone.state);
         }
     }
@@ -899,64 +1022,130 @@ private:
                                          std::size_t length, const ucp_am_recv_param_t* param) {
         auto& core = *static_cast<agent_core*>(arg);
         try {
-            core.serve_batch_locked(std::span(static_cast<const std::byte*>(header), header_length),
-                                    std::span(static_cast<const std::byte*>(data), length), *param);
+            return core.serve_batch_locked(std::span(static_cast<const std::byte*>(header), header_length), data,
+                                           length, *param);
         } catch (...) {
             core.refused_batches_.fetch_add(1); // out of memory: counted, never thrown into UCX
         }
-        return UCS_OK;
+        return UCS_OK; // a rendezvous not taken is dropped, and its sender completes
     }
 
-    void serve_batch_locked(std::span<const std::byte> header, std::span<const std::byte> data,
-                            const ucp_am_recv_param_t& param) {
+    // UCS_INPROGRESS when a rendezvous' descriptor is kept to be received later (UCX's contract for
+    // the active-message callback), else UCS_OK.
+    ucs_status_t serve_batch_locked(std::span<const std::byte> header, void* data, std::size_t length,
+                                    const ucp_am_recv_param_t& param) {
         batch_header asked;
-        if (header.size() != sizeof asked || (param.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
+        if (header.size() < sizeof asked || (param.recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
             param.reply_ep == nullptr) {
             refused_batches_.fetch_add(1); // nobody to answer
-            return;
+            return UCS_OK;
         }
         std::memcpy(&asked, header.data(), sizeof asked);
         if (asked.magic != batch_magic) {
             refused_batches_.fetch_add(1);
-            return;
+            return UCS_OK;
         }
-        auto reply = std::make_unique<batch_send>();
-        reply->core = this;
-        reply->header.op = asked.op;
-        reply->header.token = asked.token;
-        reply->header.sender = id_;
-        reply->header.status = serve_checked_locked(header, (param.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0
-                                                                ? std::span<const std::byte>() : data,
-                                                    reply->payload);
-        if (reply->header.status != UCS_OK) {
-            refused_batches_.fetch_add(1);
-            reply->payload.clear();
+        const bool rendezvous = (param.recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+        const std::span<const std::byte> here =
+            rendezvous ? std::span<const std::byte>() : std::span(static_cast<const std::byte*>(data), length);
+        const std::optional<batch_request> request = parse_batch_request(header, here, length);
+        // By rendezvous, UCX reads or writes the blocks themselves: their registrations stay
+        // pinned (their deregistration refused) until it is done.
+        const bool from_blocks = request && request->header.op == batch_op::read &&
+                                 (request->header.flags & batch_flag_rendezvous) != 0;
+        std::vector<std::shared_ptr<registration_record>> pinned;
+        ucs_status_t status = !request ? UCS_ERR_INVALID_PARAM
+                                       : check_entries_locked(*request, rendezvous || from_blocks ? &pinned : nullptr);
+        if (status == UCS_OK && rendezvous && stopping_) {
+            status = UCS_ERR_CANCELED;
         }
-        (void)send_batch_locked(param.reply_ep, batch_reply_am_id, std::move(reply), UCP_AM_SEND_FLAG_EAGER);
+        if (status != UCS_OK) {
+            answer_batch_locked(param.reply_ep, asked, status, {});
+            return UCS_OK; // a refused rendezvous is dropped: nothing of it is taken
+        }
+        if (from_blocks) {
+            // A read whose initiator takes rendezvous: the reply's data is the blocks themselves.
+            auto reply = make_answer_locked(asked, UCS_OK);
+            reply->blocks = blocks_of(*request);
+            pin_locked(pinned);
+            reply->pinned = std::move(pinned);
+            (void)send_batch_locked(param.reply_ep, batch_reply_am_id, std::move(reply), 0);
+            return UCS_OK;
+        }
+        if (!rendezvous) {
+            std::vector<std::byte> reply;
+            place_or_stage_locked(*request, reply);
+            answer_batch_locked(param.reply_ep, asked, UCS_OK, std::move(reply));
+            return UCS_OK;
+        }
+        // A write's bytes, still at the initiator: straight into the checked blocks, which stay
+        // pinned (their deregistration refused) until UCX has placed them.
+        auto receive = std::make_unique<batch_receive>();
+        receive->core = this;
+        receive->descriptor = data;
+        receive->reply_ep = param.reply_ep;
+        receive->asked = asked;
+        receive->bytes = request->bytes;
+        receive->blocks = blocks_of(*request);
+        pin_locked(pinned);
+        receive->pinned = std::move(pinned);
+        return take_rendezvous_locked(std::move(receive));
     }
 
-    ucs_status_t serve_checked_locked(std::span<const std::byte> header, std::span<const std::byte> data,
-                                      std::vector<std::byte>& reply) {
-        const std::optional<batch_request> request = parse_batch_request(header, data);
-        if (!request) {
-            return UCS_ERR_INVALID_PARAM;
+    // The request's blocks at this agent, as UCX's scatter-gather list.
+    static std::vector<ucp_dt_iov_t> blocks_of(const batch_request& request) {
+        std::vector<ucp_dt_iov_t> blocks;
+        blocks.reserve(request.header.count);
+        for (std::uint32_t i = 0; i < request.header.count; ++i) {
+            const batch_entry e = request.entry(i);
+            blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(e.address), e.length});
         }
-        const bool write = request->header.op == batch_op::write;
-        for (std::uint32_t i = 0; i < request->header.count; ++i) {
-            const batch_entry e = request->entry(i);
-            const registration_record* record = find_local_locked(e.address, e.length);
+        return blocks;
+    }
+
+    static void pin_locked(const std::vector<std::shared_ptr<registration_record>>& records) noexcept {
+        for (const auto& record : records) {
+            record->in_flight.fetch_add(1, std::memory_order_acq_rel);
+        }
+    }
+    // A registration whose handle went meanwhile is unmapped by after_progress once idle.
+    static void unpin_locked(std::vector<std::shared_ptr<registration_record>>& records) noexcept {
+        for (const auto& record : records) {
+            record->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+        }
+        records.clear();
+    }
+
+    // Each entry inside one registration this agent exported and still holds, host memory, and
+    // writable by peers for a write. `pinned`, when given, gets each registration named (once).
+    ucs_status_t check_entries_locked(const batch_request& request,
+                                      std::vector<std::shared_ptr<registration_record>>* pinned) const {
+        const bool write = request.header.op == batch_op::write;
+        for (std::uint32_t i = 0; i < request.header.count; ++i) {
+            const batch_entry e = request.entry(i);
+            const std::shared_ptr<registration_record>* found = find_local_shared_locked(e.address, e.length);
+            const registration_record* record = found != nullptr ? found->get() : nullptr;
             if (record == nullptr || !record->exported || record->release_when_idle ||
                 record->kind != memory_kind::host || (write && !record->remote_writable)) {
                 return UCS_ERR_INVALID_ADDR;
             }
+            if (pinned != nullptr && std::find(pinned->begin(), pinned->end(), *found) == pinned->end()) {
+                pinned->push_back(*found);
+            }
         }
+        return UCS_OK;
+    }
+
+    // A checked request whose data is here: a write's bytes placed, a read's blocks staged as the reply.
+    void place_or_stage_locked(const batch_request& request, std::vector<std::byte>& reply) {
+        const bool write = request.header.op == batch_op::write;
         if (!write) {
-            reply.resize(request->bytes);
+            reply = buffers_.take(request.bytes);
         }
         std::byte* staged = reply.data();
-        const std::byte* incoming = request->data.data();
-        for (std::uint32_t i = 0; i < request->header.count; ++i) {
-            const batch_entry e = request->entry(i);
+        const std::byte* incoming = request.data.data();
+        for (std::uint32_t i = 0; i < request.header.count; ++i) {
+            const batch_entry e = request.entry(i);
             if (write) {
                 std::memcpy(reinterpret_cast<void*>(e.address), incoming, e.length);
                 incoming += e.length;
@@ -965,7 +1154,29 @@ private:
                 staged += e.length;
             }
         }
-        return UCS_OK;
+    }
+
+    std::unique_ptr<batch_send> make_answer_locked(const batch_header& asked, ucs_status_t status) {
+        auto reply = std::make_unique<batch_send>();
+        reply->core = this;
+        reply->header.op = asked.op;
+        reply->header.token = asked.token;
+        reply->header.sender = id_;
+        reply->header.status = status;
+        return reply;
+    }
+    // Answers a request with `status` (counted when a refusal) and a read's blocks, staged.
+    void answer_batch_locked(ucp_ep_h reply_ep, const batch_header& asked, ucs_status_t status,
+                             std::vector<std::byte> blocks) {
+        auto reply = make_answer_locked(asked, status);
+        if (status != UCS_OK) {
+            refused_batches_.fetch_add(1);
+            buffers_.give(std::move(blocks));
+        } else {
+            reply->payload = std::move(blocks);
+        }
+        const bool rendezvous = (asked.flags & batch_flag_rendezvous) != 0;
+        (void)send_batch_locked(reply_ep, batch_reply_am_id, std::move(reply), rendezvous ? 0u : unsigned{UCP_AM_SEND_FLAG_EAGER});
     }
 
     // The target's answer to a batch message: a read's blocks land where the transfer asked.
@@ -979,10 +1190,33 @@ private:
         }
         std::memcpy(&answer, header, sizeof answer);
         const auto at = core.batches_.find(answer.token);
-        // Only the peer asked may answer, about what it was asked.
+        // Only the peer asked may answer, once, about what it was asked.
         if (answer.magic != batch_magic || at == core.batches_.end() || at->second.peer->id != answer.sender ||
-            at->second.op != answer.op) {
+            at->second.op != answer.op || at->second.receiving != receive_stage::none) {
             core.refused_batches_.fetch_add(1);
+            return UCS_OK;
+        }
+        batch_pending& awaited = at->second;
+        const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+        if (rendezvous && answer.status == UCS_OK && awaited.op == batch_op::read && length == awaited.bytes &&
+            !core.stopping_) {
+            // A read's blocks, still at the target: straight into the local blocks (pinned by the
+            // transfer, which cannot finish before UCX is done with them).
+            try {
+                auto receive = std::make_unique<batch_receive>();
+                receive->core = &core;
+                receive->descriptor = data;
+                receive->token = answer.token;
+                receive->bytes = length;
+                receive->blocks.reserve(awaited.local.size());
+                for (const batch_entry& block : awaited.local) {
+                    receive->blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(block.address), block.length});
+                }
+                awaited.receiving = receive_stage::waiting;
+                return core.take_rendezvous_locked(std::move(receive));
+            } catch (...) {
+                core.fail_batch_locked(answer.token, UCS_ERR_NO_MEMORY);
+            }
             return UCS_OK;
         }
         batch_pending pending;
@@ -990,21 +1224,107 @@ private:
         transfer_state& state = *pending.state;
         if (answer.status != UCS_OK) {
             state.record_error(answer.status < 0 ? static_cast<ucs_status_t>(answer.status) : UCS_ERR_INVALID_PARAM);
-        } else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-            state.record_error(UCS_ERR_UNSUPPORTED); // asked for eager data: not taken
+        } else if (pending.op == batch_op::read && length != pending.bytes) {
+            state.record_error(UCS_ERR_MESSAGE_TRUNCATED);
+        } else if (rendezvous) {
+            state.record_error(UCS_ERR_UNSUPPORTED); // data with a write's answer: not taken
         } else if (pending.op == batch_op::read) {
-            if (length != pending.bytes) {
-                state.record_error(UCS_ERR_MESSAGE_TRUNCATED);
-            } else {
-                const auto* incoming = static_cast<const std::byte*>(data);
-                for (const batch_entry& block : pending.local) {
-                    std::memcpy(reinterpret_cast<void*>(block.address), incoming, block.length);
-                    incoming += block.length;
-                }
+            const auto* incoming = static_cast<const std::byte*>(data);
+            for (const batch_entry& block : pending.local) {
+                std::memcpy(reinterpret_cast<void*>(block.address), incoming, block.length);
+                incoming += block.length;
             }
         }
         release_one_locked(state);
         return UCS_OK;
+    }
+
+    // Takes batch data that came by rendezvous, in arrival order and one at a time: UCX 1.13 stalls
+    // for milliseconds when several rendezvous gets over cma are in flight on a worker (two 1 MiB
+    // messages took 5 ms at once, 0.12 ms one after the other). UCS_INPROGRESS when the descriptor
+    // waits its turn, UCS_OK when UCX has it now.
+    ucs_status_t take_rendezvous_locked(std::unique_ptr<batch_receive> receive) {
+        const bool waits = !receives_.empty();
+        receives_.push_back(std::move(receive));
+        if (waits) {
+            return UCS_INPROGRESS;
+        }
+        start_receives_locked();
+        return UCS_OK;
+    }
+
+    // Gives UCX the first waiting receive (finishing those that complete at once), unless one is in
+    // UCX already. A read's reply whose batch ended meanwhile, and every waiting one once the
+    // agent is stopping, is released instead: nothing lands.
+    void start_receives_locked() noexcept {
+        while (!receives_.empty() && !receive_in_ucx_) {
+            batch_receive& next = *receives_.front();
+            const auto awaited = next.reply_ep == nullptr ? batches_.find(next.token) : batches_.end();
+            if (stopping_ || (next.reply_ep == nullptr && awaited == batches_.end())) {
+                ucp_am_data_release(worker_, next.descriptor);
+                finish_receive_locked(pop_receive_locked(), UCS_ERR_CANCELED);
+                continue;
+            }
+            ucp_request_param_t param{};
+            param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+            param.cb.recv_am = &agent_core::on_batch_received;
+            param.user_data = &next;
+            param.datatype = ucp_dt_make_iov();
+            const ucs_status_ptr_t started =
+                ucp_am_recv_data_nbx(worker_, next.descriptor, next.blocks.data(), next.blocks.size(), &param);
+            if (started != nullptr && !UCS_PTR_IS_ERR(started)) {
+                receive_in_ucx_ = true;
+                if (awaited != batches_.end()) {
+                    awaited->second.receiving = receive_stage::in_ucx;
+                }
+                return;
+            }
+            finish_receive_locked(pop_receive_locked(), UCS_PTR_STATUS(started));
+        }
+    }
+
+    std::unique_ptr<batch_receive> pop_receive_locked() noexcept {
+        std::unique_ptr<batch_receive> done = std::move(receives_.front());
+        receives_.pop_front();
+        return done;
+    }
+
+    static void on_batch_received(void* request, ucs_status_t status, std::size_t length, void* user_data) {
+        auto* receive = static_cast<batch_receive*>(user_data);
+        agent_core& core = *receive->core;
+        ucp_request_free(request);
+        const ucs_status_t outcome = status == UCS_OK && length != receive->bytes ? UCS_ERR_MESSAGE_TRUNCATED : status;
+        core.receive_in_ucx_ = false; // it is the first waiting: UCX has one at a time
+        core.finish_receive_locked(core.pop_receive_locked(), outcome);
+        core.start_receives_locked();
+    }
+
+    // UCX is done with a rendezvous (or it failed with `status`, or was dropped). A target unpins
+    // the blocks it wrote and answers (a failed receive gets no answer: the initiator's send failed
+    // too); an initiator finishes the read batch if it is still awaited.
+    void finish_receive_locked(std::unique_ptr<batch_receive> done, ucs_status_t status) noexcept {
+        batch_receive& receive = *done;
+        if (receive.reply_ep != nullptr) {
+            unpin_locked(receive.pinned);
+            if (status != UCS_OK || stopping_) {
+                refused_batches_.fetch_add(1);
+                return;
+            }
+            try {
+                answer_batch_locked(receive.reply_ep, receive.asked, UCS_OK, {});
+            } catch (...) {
+                refused_batches_.fetch_add(1); // out of memory for the answer: counted, never thrown into UCX
+            }
+            return;
+        }
+        if (const auto at = batches_.find(receive.token); at != batches_.end()) {
+            batch_pending pending;
+            forget_batch_locked(at, pending);
+            if (status != UCS_OK) {
+                pending.state->record_error(status);
+            }
+            release_one_locked(*pending.state);
+        }
     }
 
     static result<notification> timeout_failure(std::chrono::nanoseconds timeout) {
@@ -1034,12 +1354,17 @@ private:
     }
 
     registration_record* find_local_locked(std::uint64_t address, std::uint64_t bytes) const noexcept {
+        const std::shared_ptr<registration_record>* found = find_local_shared_locked(address, bytes);
+        return found != nullptr ? found->get() : nullptr;
+    }
+    const std::shared_ptr<registration_record>* find_local_shared_locked(std::uint64_t address,
+                                                                          std::uint64_t bytes) const noexcept {
         auto at = std::upper_bound(registrations_.begin(), registrations_.end(), address,
                                    [](std::uint64_t value, const auto& record) { return value < record->base; });
         while (at != registrations_.begin()) {
             --at;
             if ((*at)->contains(address, bytes)) {
-                return at->get();
+                return &*at;
             }
         }
         return nullptr;
@@ -1548,7 +1873,12 @@ private:
     std::uint64_t next_batch_token_ = 1;
     std::unordered_map<std::uint64_t, batch_pending> batches_; // by token: batch messages awaiting their reply
     std::deque<queued_batch> queued_;                          // of those, the ones not sent yet
+    staging_buffers buffers_;                                    // batch messages' data, reused
     std::vector<std::unique_ptr<batch_send>> sends_;            // batch messages UCX is sending
+    std::deque<std::unique_ptr<batch_receive>> receives_;       // batch data coming by rendezvous, in order
+    bool receive_in_ucx_ = false;                               // the first of them is being received
+    std::size_t rendezvous_entries_ = 0;                        // entries a message's header holds (0: none)
+    bool stopping_ = false;                                     // the destructor runs: no new receive
     std::atomic<std::uint64_t> refused_batches_{0};            // batch requests this agent, as a target, refused
     std::vector<flush_group> unflushed_; // writes whose flush the next progress posts
 

@@ -78,6 +78,7 @@ struct peer_record {
     bool close_posted = false;        // under the core's lock: its endpoint's close is under way
     bool detects_failure = true;      // UCX reports its death (not over shared memory alone)
     bool uses_messages = false; // requests go as batch messages
+    bool rendezvous = false;    // their data may go by rendezvous (the endpoint has a zero-copy lane)
     std::uint64_t message_bytes_in_flight = 0; // under the core's lock: batch data sent, unanswered
     std::vector<remote_region> regions; // under the core's lock
     // Under the core's lock: the keys of regions replaced or dropped while UCX may still hold a
