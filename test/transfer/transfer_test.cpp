@@ -673,6 +673,18 @@ TEST_CASE("a write offered by rendezvous is checked before any of it is taken, t
         agents.check_untouched();
         CHECK(fixture.hidden_untouched());
     }
+    SECTION("a read with its entries in the header is served; one whose header and count disagree is not") {
+        batch_header read = write;
+        read.op = batch_op::read;
+        read.flags = transfer::detail::batch_flag_rendezvous;
+        const auto served = forger.ask(batch_bytes(read, entry_bytes({{agents.remote_at(4096), 4096}})), {});
+        REQUIRE(served.has_value());
+        CHECK(served->status == UCS_OK);
+        CHECK(served->bytes == 4096);
+        read.count = 2;
+        refused_with(forger.ask(batch_bytes(read, entry_bytes({{agents.remote_at(4096), 4096}})), {}), UCS_ERR_INVALID_PARAM);
+        agents.check_untouched();
+    }
     SECTION("a well-formed one lands in the blocks named, and nowhere else") {
         const auto answer = offer(batch_bytes(write, entry_bytes({{agents.remote_at(8192), 4096}})), page);
         REQUIRE(answer.has_value());

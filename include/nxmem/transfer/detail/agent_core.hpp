@@ -761,9 +761,10 @@ private:
         std::vector<planned_op> ops;
     };
 
-    // Whether a write to this peer sends its blocks by rendezvous, straight from the engine's
-    // memory, its entries in the message's header (which bounds them per message).
-    bool writes_by_rendezvous(const peer_record& peer) const noexcept {
+    // Whether requests to this peer carry their entries in the message's header (which bounds them
+    // per message): a peer taking batch data by rendezvous, so a write sends its blocks straight
+    // from the engine's memory (and a request without data is UCX's cheapest message).
+    bool entries_in_header(const peer_record& peer) const noexcept {
         return peer.rendezvous && rendezvous_entries_ != 0;
     }
 
@@ -775,7 +776,7 @@ private:
                             const std::vector<planned_op>& ops) noexcept {
         const batch_op op = way == direction::read ? batch_op::read : batch_op::write;
         const std::size_t entries_per_message =
-            op == batch_op::write && writes_by_rendezvous(*state->peer) ? rendezvous_entries_ : max_batch_entries;
+            entries_in_header(*state->peer) ? rendezvous_entries_ : max_batch_entries;
         try {
             std::vector<planned_op> message;
             std::uint64_t bytes = 0;
@@ -878,11 +879,12 @@ private:
         message->header.sender = id_;
         const peer_record& peer = *pending.peer;
         message->header.flags = peer.rendezvous ? batch_flag_rendezvous : 0;
-        const bool blocks_as_data = pending.op == batch_op::write && writes_by_rendezvous(peer);
+        const bool in_header = entries_in_header(peer);
+        const bool blocks_as_data = pending.op == batch_op::write && in_header;
         const std::size_t entry_bytes = ops.size() * sizeof(batch_entry);
         std::byte* entries = nullptr;
         std::byte* data = nullptr;
-        if (blocks_as_data) {
+        if (in_header) {
             message->header.flags |= batch_flag_entries_in_header;
             message->header_entries.resize(sizeof(batch_header) + entry_bytes);
             entries = message->header_entries.data() + sizeof(batch_header);
@@ -900,13 +902,13 @@ private:
                 continue;
             }
             if (blocks_as_data) {
-                message->blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(piece.local), piece.length});
+                append_block(message->blocks, piece.local, piece.length);
             } else {
                 std::memcpy(data, reinterpret_cast<const void*>(piece.local), piece.length);
                 data += piece.length;
             }
         }
-        if (blocks_as_data) {
+        if (in_header) {
             std::memcpy(message->header_entries.data(), &message->header, sizeof(batch_header));
         }
         return message;
@@ -1092,13 +1094,23 @@ private:
         return take_rendezvous_locked(std::move(receive));
     }
 
+    // Adds a block to a scatter-gather list, merged into the last one where it follows it (fewer
+    // entries for UCX to walk: consecutive KV blocks are one).
+    static void append_block(std::vector<ucp_dt_iov_t>& blocks, std::uint64_t address, std::uint64_t length) {
+        if (!blocks.empty() && reinterpret_cast<std::uint64_t>(blocks.back().buffer) + blocks.back().length == address) {
+            blocks.back().length += length;
+            return;
+        }
+        blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(address), length});
+    }
+
     // The request's blocks at this agent, as UCX's scatter-gather list.
     static std::vector<ucp_dt_iov_t> blocks_of(const batch_request& request) {
         std::vector<ucp_dt_iov_t> blocks;
         blocks.reserve(request.header.count);
         for (std::uint32_t i = 0; i < request.header.count; ++i) {
             const batch_entry e = request.entry(i);
-            blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(e.address), e.length});
+            append_block(blocks, e.address, e.length);
         }
         return blocks;
     }
@@ -1210,7 +1222,7 @@ private:
                 receive->bytes = length;
                 receive->blocks.reserve(awaited.local.size());
                 for (const batch_entry& block : awaited.local) {
-                    receive->blocks.push_back(ucp_dt_iov_t{reinterpret_cast<void*>(block.address), block.length});
+                    append_block(receive->blocks, block.address, block.length);
                 }
                 awaited.receiving = receive_stage::waiting;
                 return core.take_rendezvous_locked(std::move(receive));
