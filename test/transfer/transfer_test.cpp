@@ -969,6 +969,61 @@ TEST_CASE("a pool is registered once, its allocations are described without UCX,
     CHECK(pool->trim(0) > 0);
 }
 
+TEST_CASE("a peer naming an uncommitted part of an exported pool reservation is refused, and the target lives on") {
+    using transfer::detail::batch_header;
+    using transfer::detail::batch_op;
+    auto module = load_or_fail(test::posix_plugin_path());
+    transfer::agent target = value_or_fail(transfer::agent::start({"pooler", transports(), true}));
+    auto pool = value_or_fail(host::open_pooled_allocator<cpu_device>(module, "posix-lazy"));
+    REQUIRE(pool->grows_by_commit());
+    const allocation<cpu_device> block = value_or_fail(pool->allocate(64 * 1024, 4096));
+    std::memset(block.address, 0x42, 64 * 1024);
+    {
+        std::vector<transfer::registration> registered = value_or_fail(target.register_pool(pool));
+        REQUIRE(registered.size() == 1);
+        (void)value_or_fail(target.export_regions({&registered.front()}));
+        // The reservation's last page: far past what one block committed, so PROT_NONE.
+        const std::uint64_t uncommitted = registered.front().base() + registered.front().length() - 4096;
+        REQUIRE(registered.front().length() >= (64u << 20));
+        raw_batch_peer forger(value_or_fail(target.metadata()));
+        batch_header read;
+        read.op = batch_op::read;
+        read.count = 1;
+        batch_header write = read;
+        write.op = batch_op::write;
+        std::vector<std::byte> write_data = entry_bytes({{uncommitted, 4096}});
+        write_data.resize(write_data.size() + 4096, std::byte{0x66});
+        const std::vector<std::byte> page(4096, std::byte{0x66});
+        batch_header read_rendezvous = read;
+        read_rendezvous.flags = transfer::detail::batch_flag_rendezvous;
+        std::uint64_t refused = 0;
+        const auto refused_with = [&](const std::optional<raw_batch_peer::answer>& answer) {
+            REQUIRE(answer.has_value());
+            CHECK(answer->status == UCS_ERR_INVALID_ADDR);
+            CHECK(target.refused_batches() == ++refused);
+        };
+        refused_with(forger.ask(batch_bytes(read), entry_bytes({{uncommitted, 4096}})));
+        refused_with(forger.ask(batch_bytes(write), write_data));
+        // A committed block and an uncommitted one in one write: refused whole, the committed one untouched.
+        batch_header two = write;
+        two.count = 2;
+        std::vector<std::byte> both = entry_bytes({{reinterpret_cast<std::uint64_t>(block.address), 4096}, {uncommitted, 4096}});
+        both.resize(both.size() + 8192, std::byte{0x66});
+        refused_with(forger.ask(batch_bytes(two), both));
+        refused_with(forger.ask(batch_bytes(read_rendezvous, entry_bytes({{uncommitted, 4096}})), {}));
+        refused_with(forger.ask(batch_bytes(write, entry_bytes({{uncommitted, 4096}})), page, 5000ms,
+                                transfer::detail::batch_request_am_id, {}, UCP_AM_SEND_FLAG_RNDV));
+        // Still serving what is committed.
+        const auto served = forger.ask(batch_bytes(read), entry_bytes({{reinterpret_cast<std::uint64_t>(block.address), 4096}}));
+        REQUIRE(served.has_value());
+        CHECK(served->status == UCS_OK);
+        CHECK(served->bytes == 4096);
+        CHECK(target.unprobed_batches() == 0);
+    }
+    CHECK(static_cast<unsigned char*>(block.address)[0] == 0x42);
+    REQUIRE(pool->release(block).has_value());
+}
+
 TEST_CASE("a resident pool registered for transfer refuses to sleep until it is deregistered") {
     auto module = load_or_fail(test::posix_plugin_path());
     transfer::agent agent = value_or_fail(transfer::agent::start({"sleeper", transports(), true}));

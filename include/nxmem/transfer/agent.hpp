@@ -72,7 +72,10 @@ public:
     result<registration> register_allocation(const host::plugin_allocator<cpu_device>& allocator,
                                              const allocation<cpu_device>& live) {
         NXMEM_TRY(lease, allocator.lease(live));
-        return register_leased(reinterpret_cast<std::uint64_t>(live.address), live.size, true, true, std::move(lease));
+        // A mechanism with virtual backing may have committed only part of it.
+        const bool partly_committed = (allocator.capabilities() & NXMEM_CAP_VIRTUAL_BACKING) != 0;
+        return register_leased(reinterpret_cast<std::uint64_t>(live.address), live.size, true, true, std::move(lease),
+                               partly_committed);
     }
     // A live allocation of a plugin allocator of GPU memory: refused (UNSUPPORTED_CAPABILITY), and
     // nothing is leased or registered. The message names what is missing: UCX's cuda transport
@@ -104,7 +107,7 @@ public:
         NXMEM_TRY(lease, imported.lease());
         const bool writable = imported.access() == NXMEM_IPC_READ_WRITE;
         return register_leased(reinterpret_cast<std::uint64_t>(imported.address()), imported.size(), writable, writable,
-                               std::move(lease));
+                               std::move(lease), true); // the exporter may have committed only part of it
     }
     // A pool, once: its one reservation when it grows by commit (every chunk and span it will
     // ever commit lies inside, so nothing is registered again as it grows), else each chunk it
@@ -138,8 +141,10 @@ public:
         std::vector<registration> made;
         made.reserve(regions.size());
         for (const pool_region& region : regions) {
+            // A reservation is committed as the pool grows: the rest of it is PROT_NONE.
             NXMEM_TRY(record, core_->register_region(detail::agent_core::region_request{
-                                  region.address, region.bytes, true, true, {}}));
+                                  region.address, region.bytes, true, true, {},
+                                  region.kind == pool_region_kind::reservation}));
             record->pool_keeper = keeper;
             record->pool_owner = held;
             made.push_back(registration(core_, std::move(record)));
@@ -200,6 +205,10 @@ public:
     // Batch messages refused: requests this agent, as a target, did not serve (malformed, or an
     // entry outside what it exported) and replies that answered nothing it asked.
     std::uint64_t refused_batches() const noexcept { return core_->refused_batches(); }
+    // Batch requests served without asking the kernel first whether every page named is there
+    // (process_vm_readv refused, by a seccomp filter): a peer naming an uncommitted part of an
+    // exported pool reservation would then crash this process (docs/TRANSFER.md, "What is checked").
+    std::uint64_t unprobed_batches() const noexcept { return core_->unprobed_batches(); }
 
 private:
     struct progress_thread {
@@ -210,9 +219,9 @@ private:
     explicit agent(std::shared_ptr<detail::agent_core> core) : core_(std::move(core)) {}
 
     result<registration> register_leased(std::uint64_t base, std::uint64_t length, bool remote_writable,
-                                         bool local_writable, host::registration_lease lease) {
+                                         bool local_writable, host::registration_lease lease, bool probe_pages = false) {
         NXMEM_TRY(record, core_->register_region(detail::agent_core::region_request{
-                              base, length, remote_writable, local_writable, std::move(lease)}));
+                              base, length, remote_writable, local_writable, std::move(lease), probe_pages}));
         return registration(core_, std::move(record));
     }
 

@@ -13,6 +13,7 @@
 #include <nxmem/transfer/agent_options.hpp>
 #include <nxmem/transfer/detail/batch_messages.hpp>
 #include <nxmem/transfer/detail/packed_key.hpp>
+#include <nxmem/transfer/detail/page_probe.hpp>
 #include <nxmem/transfer/detail/records.hpp>
 #include <nxmem/transfer/detail/staging_buffers.hpp>
 #include <nxmem/transfer/wire.hpp>
@@ -198,6 +199,7 @@ public:
         bool remote_writable = true;
         bool local_writable = true;
         host::registration_lease lease;
+        bool probe_pages = false; // parts of it may be uncommitted (registration_record::probe_pages)
     };
 
     result<std::shared_ptr<registration_record>> register_region(region_request&& request) {
@@ -211,6 +213,7 @@ public:
         record->length = request.length;
         record->remote_writable = request.remote_writable;
         record->local_writable = request.local_writable;
+        record->probe_pages = request.probe_pages;
         record->lease = std::move(request.lease);
         ucp_mem_map_params_t params{};
         params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -676,6 +679,7 @@ public:
     }
     std::uint64_t dropped_notifications() const noexcept { return dropped_notifications_.load(); }
     std::uint64_t refused_batches() const noexcept { return refused_batches_.load(); }
+    std::uint64_t unprobed_batches() const noexcept { return unprobed_batches_.load(); }
 
     // ---- the progress thread ----
 
@@ -1129,10 +1133,12 @@ private:
     }
 
     // Each entry inside one registration this agent exported and still holds, host memory, and
-    // writable by peers for a write. `pinned`, when given, gets each registration named (once).
+    // writable by peers for a write; and every page of it there (docs/TRANSFER.md, "What is
+    // checked"). `pinned`, when given, gets each registration named (once).
     ucs_status_t check_entries_locked(const batch_request& request,
-                                      std::vector<std::shared_ptr<registration_record>>* pinned) const {
+                                      std::vector<std::shared_ptr<registration_record>>* pinned) {
         const bool write = request.header.op == batch_op::write;
+        page_probe probe;
         for (std::uint32_t i = 0; i < request.header.count; ++i) {
             const batch_entry e = request.entry(i);
             const std::shared_ptr<registration_record>* found = find_local_shared_locked(e.address, e.length);
@@ -1144,6 +1150,18 @@ private:
             if (pinned != nullptr && std::find(pinned->begin(), pinned->end(), *found) == pinned->end()) {
                 pinned->push_back(*found);
             }
+            if (record->probe_pages) {
+                probe.add(e.address, e.length);
+            }
+        }
+        switch (probe.run()) {
+        case probe_result::unreadable:
+            return UCS_ERR_INVALID_ADDR;
+        case probe_result::unavailable:
+            unprobed_batches_.fetch_add(1, std::memory_order_relaxed);
+            break;
+        case probe_result::readable:
+            break;
         }
         return UCS_OK;
     }
@@ -1891,6 +1909,7 @@ private:
     bool receive_in_ucx_ = false;                               // the first of them is being received
     std::size_t rendezvous_entries_ = 0;                        // entries a message's header holds (0: none)
     bool stopping_ = false;                                     // the destructor runs: no new receive
+    std::atomic<std::uint64_t> unprobed_batches_{0}; // served without the page probe (the kernel refused it)
     std::atomic<std::uint64_t> refused_batches_{0};            // batch requests this agent, as a target, refused
     std::vector<flush_group> unflushed_; // writes whose flush the next progress posts
 

@@ -36,6 +36,10 @@ struct registration_record {
     std::uint32_t device = 0;
     bool remote_writable = true; // false for a read-only import: peers may only read it
     bool local_writable = true;  // false for a read-only import: never the target of a read
+    // Parts of it may be uncommitted (PROT_NONE): a pool's reservation, an allocation of a
+    // mechanism with virtual backing, an import. A batch naming it is served only once the kernel
+    // says every page named is there (page_probe).
+    bool probe_pages = false;
     ucp_mem_h memh = nullptr;
     std::vector<std::byte> packed_key;
     host::registration_lease lease; // empty for memory the engine registers on its own say-so
