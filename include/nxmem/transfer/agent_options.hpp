@@ -22,9 +22,11 @@ struct agent_options {
     // false: the caller does, through transfer_request::poll / wait and agent::progress.
     bool progress_thread = false;
     // How reads and writes travel (docs/TRANSFER.md, "Two paths"): `messages`, as batch messages
-    // of about 1 MiB of blocks each, which the target checks and copies; `rma`, as one UCX get or
-    // put per block; `automatic`, messages to a peer whose endpoint has no RMA lane (UCX would
-    // emulate its gets and puts with active messages: tcp), gets and puts otherwise.
+    // of about 1 MiB of blocks each, which the target checks entry by entry (their bytes packed,
+    // or by rendezvous straight between the blocks where the endpoint can: shared memory's cma);
+    // `rma`, as one UCX get or put per block; `automatic`, messages wherever UCX would emulate the
+    // gets and puts on the engine's memory with active messages (tcp, which has no RMA lane;
+    // shared memory, whose RMA lanes reach only segments UCX allocated), gets and puts otherwise.
     transfer_path path = transfer_path::automatic;
 };
 
