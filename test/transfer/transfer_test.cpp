@@ -503,14 +503,10 @@ struct forged_target {
 
 } // namespace
 
-TEST_CASE("forged batch messages are refused by the target, which touches nothing") {
+TEST_CASE_METHOD(forged_target, "forged batch messages are refused by the target, which touches nothing") {
     using transfer::detail::batch_entry;
     using transfer::detail::batch_header;
     using transfer::detail::batch_op;
-    forged_target fixture;
-    two_agents& agents = fixture.agents; // references, not bindings: clang 14 cannot capture those
-    const std::vector<std::uint8_t>& hidden = fixture.hidden;
-    raw_batch_peer& forger = fixture.forger;
     const auto request = [](batch_op op, std::uint32_t count) {
         batch_header header;
         header.op = op;
@@ -593,7 +589,7 @@ TEST_CASE("forged batch messages are refused by the target, which touches nothin
         CHECK(agents.target.refused_batches() == 2);
     }
     agents.check_untouched();
-    CHECK(fixture.hidden_untouched());
+    CHECK(hidden_untouched());
 }
 
 TEST_CASE("batch staging reuses its buffers, best fit first, keeping the largest") {
@@ -630,13 +626,9 @@ TEST_CASE("batch staging reuses its buffers, best fit first, keeping the largest
     CHECK(buffers.take(512 << 10).capacity() == 1 << 20);
 }
 
-TEST_CASE("a write offered by rendezvous is checked before any of it is taken, then lands in place") {
+TEST_CASE_METHOD(forged_target, "a write offered by rendezvous is checked before any of it is taken, then lands in place") {
     using transfer::detail::batch_header;
     using transfer::detail::batch_op;
-    forged_target fixture;
-    two_agents& agents = fixture.agents; // references, not bindings: clang 14 cannot capture those
-    const std::vector<std::uint8_t>& hidden = fixture.hidden;
-    raw_batch_peer& forger = fixture.forger;
     batch_header write;
     write.op = batch_op::write;
     write.token = 78;
@@ -671,7 +663,7 @@ TEST_CASE("a write offered by rendezvous is checked before any of it is taken, t
         read.op = batch_op::read;
         refused_with(offer(batch_bytes(read, entry_bytes({{agents.remote_at(0), 4096}})), page), UCS_ERR_INVALID_PARAM);
         agents.check_untouched();
-        CHECK(fixture.hidden_untouched());
+        CHECK(hidden_untouched());
     }
     SECTION("a read with its entries in the header is served; one whose header and count disagree is not") {
         batch_header read = write;

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -892,7 +891,9 @@ private:
             message->header.flags |= batch_flag_entries_in_header;
             message->header_entries.resize(sizeof(batch_header) + entry_bytes);
             entries = message->header_entries.data() + sizeof(batch_header);
-            message->blocks.reserve(ops.size());
+            if (blocks_as_data) {
+                message->blocks.reserve(ops.size());
+            }
         } else {
             message->payload = buffers_.take(entry_bytes + (pending.op == batch_op::write ? pending.bytes : 0));
             entries = message->payload.data();
